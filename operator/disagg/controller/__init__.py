@@ -1,0 +1,1 @@
+"""Thin kopf handlers wiring api, render, k8s, metrics and policy together."""

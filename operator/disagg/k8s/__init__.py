@@ -1,0 +1,1 @@
+"""Kubernetes I/O only: server-side apply, status patches, Events."""

@@ -1,0 +1,1 @@
+"""Prometheus signals: PromQL per deployment and role, read into an Observation."""

@@ -1,0 +1,1 @@
+"""Pure ratio policy: observation -> decision, with reasons."""
