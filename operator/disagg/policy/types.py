@@ -1,0 +1,143 @@
+"""The request/reply objects of the ratio policy: what it observes, and what it decides and why.
+
+Shared by the operator (observations read from Prometheus and the API server), the twin (observations
+computed by the simulator) and the policy engine, so one policy code path runs offline and live.
+Pure: no I/O, no kopf, no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class SignalState(str, enum.Enum):
+    """Why a signal has, or has no, value. Missing data is a state, never a zero."""
+
+    OK = "ok"
+    MISSING = "missing"  # the query returned no series (no scrape target, no traffic yet, wrong names)
+    STALE = "stale"  # the newest sample is older than the metric window allows
+    NAN = "nan"  # the series exists but the value is NaN (e.g. a quantile over zero observations)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One signal value with its state. ``value`` is None unless ``state`` is OK."""
+
+    value: float | None
+    state: SignalState = SignalState.OK
+
+    @staticmethod
+    def of(value: float | None) -> Measured:
+        if value is None:
+            return Measured(None, SignalState.MISSING)
+        if math.isnan(value):
+            return Measured(None, SignalState.NAN)
+        return Measured(float(value), SignalState.OK)
+
+    @staticmethod
+    def missing(state: SignalState = SignalState.MISSING) -> Measured:
+        return Measured(None, state)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is SignalState.OK and self.value is not None
+
+
+MISSING = Measured(None, SignalState.MISSING)
+
+
+@dataclass(frozen=True)
+class RoleObservation:
+    """What one pool looks like now. Replica counts come from the API server, the rest from metrics."""
+
+    replicas: int  # desired replicas currently applied (spec of the child Deployment)
+    ready: int  # pods Ready
+    pending: int = 0  # pods that exist but are not scheduled (e.g. no GPU of that type left)
+    gpus_per_replica: int = 1
+    queue_depth: Measured = MISSING  # requests waiting, summed over the pool
+    running: Measured = MISSING  # requests running, summed over the pool
+    kv_usage: Measured = MISSING  # mean KV-cache usage fraction 0..1 over the pool
+    queue_time: Measured = MISSING  # engine queue time at the policy percentile (s)
+    compute_time: Measured = MISSING  # prefill time (prefill pool) or per-token decode time (decode pool), s
+    token_throughput: Measured = MISSING  # prompt tokens/s (prefill) or generated tokens/s (decode)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the policy may look at for one deployment at one time.
+
+    ``ttft`` and ``itl`` are the latencies users feel at the policy's percentile. In P/D serving the
+    prefill engine sees queue + prefill and the decode engine sees KV transfer + first step; the
+    metrics adapter combines them (see disagg.metrics) and the twin measures them end to end.
+    """
+
+    time: float  # seconds (wall clock live, simulated time offline)
+    prefill: RoleObservation
+    decode: RoleObservation
+    ttft: Measured = MISSING  # seconds
+    itl: Measured = MISSING  # seconds
+    request_rate: Measured = MISSING  # requests/s arriving
+    prompt_tokens_mean: Measured = MISSING
+    prompt_tokens_p90: Measured = MISSING
+    output_tokens_mean: Measured = MISSING
+    output_tokens_p90: Measured = MISSING
+
+    def role(self, role: Role) -> RoleObservation:
+        return self.prefill if role == "prefill" else self.decode
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One cause behind a decision, machine-readable (``code``) and for people (``message``)."""
+
+    code: str  # e.g. "TTFTBreachPrefillQueue", "ITLBreach", "IdleShrink", "MetricsMissing", "BudgetClamp"
+    message: str
+    role: Role | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The reply: target replicas for both pools, decided together, with every reason.
+
+    ``changed`` is whether the target differs from the current replicas. In advisory mode the decision
+    is reported but never applied.
+    """
+
+    time: float
+    prefill: int
+    decode: int
+    reasons: tuple[Reason, ...] = ()
+    changed: bool = False
+    advisory: bool = False
+
+    def replicas(self, role: Role) -> int:
+        return self.prefill if role == "prefill" else self.decode
+
+    @property
+    def cause(self) -> str:
+        """The primary reason code, e.g. for an Event reason or a metric label."""
+        return self.reasons[0].code if self.reasons else "NoChange"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    time: float
+    prefill: int
+    decode: int
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy carries from one evaluation to the next (returned, never mutated in place)."""
+
+    recommendations: tuple[Recommendation, ...] = ()  # within the longest stabilisation window
+    last_scale_up: dict[str, float] = field(default_factory=dict)  # role -> time
+    last_scale_down: dict[str, float] = field(default_factory=dict)
+    limited: dict[str, int] = field(default_factory=dict)  # role -> replica ceiling found by Pending pods
+    correction: dict[str, float] = field(default_factory=dict)  # model-based: observed/expected per role
