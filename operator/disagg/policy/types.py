@@ -16,7 +16,7 @@ Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
-class SignalState(str, enum.Enum):
+class SignalState(enum.StrEnum):
     """Why a signal has, or has no, value. Missing data is a state, never a zero."""
 
     OK = "ok"
