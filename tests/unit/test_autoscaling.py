@@ -1,0 +1,238 @@
+"""Pure helpers of the autoscaling loop: pods to counts, Pending ceilings, deletion costs, status, events."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.controller.autoscaling import (
+    CONDITION_ACTIVE,
+    CONDITION_LIMITED,
+    CONDITION_METRICS,
+    AutoscalingSettings,
+    RoleCounts,
+    apply_ceiling,
+    autoscaling_status,
+    change_events,
+    deletion_costs,
+    is_due,
+    limited_condition,
+    metrics_condition,
+    parse_rfc3339,
+    pod_info,
+    rfc3339,
+    role_counts,
+    set_condition,
+    update_limits,
+)
+from disagg.policy.types import (
+    Decision,
+    Measured,
+    Observation,
+    PolicyState,
+    Reason,
+    RoleObservation,
+    SignalState,
+)
+
+T0 = 1_800_000_000.0
+
+
+def _pod(
+    name: str,
+    *,
+    ready: bool = True,
+    node: str | None = "gpu-0",
+    unschedulable_at: float | None = None,
+    deleting: bool = False,
+) -> dict[str, object]:
+    conditions: list[dict[str, str]] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable_at is not None:
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "lastTransitionTime": rfc3339(unschedulable_at),
+            }
+        )
+    metadata: dict[str, object] = {"name": name, "labels": {"disagg.dev/role": "decode"}}
+    if deleting:
+        metadata["deletionTimestamp"] = rfc3339(T0)
+    return {
+        "metadata": metadata,
+        "spec": {"nodeName": node} if node else {},
+        "status": {"conditions": conditions},
+    }
+
+
+def test_rfc3339_round_trips_to_the_second() -> None:
+    assert rfc3339(T0) == "2027-01-15T08:00:00Z"
+    assert parse_rfc3339(rfc3339(T0)) == T0
+    assert parse_rfc3339("not a time") is None
+    assert parse_rfc3339(None) is None
+
+
+def test_evaluation_is_due_on_the_policy_interval() -> None:
+    assert is_due(None, 30, T0)
+    assert not is_due(T0, 30, T0 + 29)
+    assert is_due(T0, 30, T0 + 30)
+    assert is_due(T0 + 100, 30, T0)  # clock went backwards: evaluate rather than stall
+
+
+def test_pending_pods_count_and_become_stuck_after_the_grace_period() -> None:
+    pods = [
+        pod_info(_pod("d-0")),
+        pod_info(_pod("d-1", ready=False)),
+        pod_info(_pod("d-2", ready=False, node=None, unschedulable_at=T0)),
+        pod_info(_pod("d-3", ready=False, node=None, unschedulable_at=T0 + 50)),
+        pod_info(_pod("d-4", deleting=True)),
+    ]
+    assert pods[2].unschedulable_since == T0 and not pods[2].scheduled
+    counts = role_counts(5, pods, grace_s=60, now=T0 + 70)
+    assert counts == RoleCounts(replicas=5, ready=1, pending=2, stuck=1)
+    assert role_counts(5, pods, grace_s=60, now=T0 + 10).stuck == 0
+
+
+def test_stuck_pods_set_a_ceiling_that_lifts_after_the_backoff() -> None:
+    stuck = {"decode": RoleCounts(replicas=6, ready=4, pending=2, stuck=2)}
+    state, newly = update_limits(PolicyState(), stuck, now=T0, backoff_s=300)
+    assert state.limited == {"decode": 4} and newly == ["decode"]
+    assert state.limited_since == {"decode": T0}
+    # still stuck next time: the ceiling holds and is not announced again
+    state, newly = update_limits(state, stuck, now=T0 + 30, backoff_s=300)
+    assert state.limited == {"decode": 4} and newly == []
+    calm = {"decode": RoleCounts(replicas=4, ready=4, pending=0, stuck=0)}
+    state, _ = update_limits(state, calm, now=T0 + 299, backoff_s=300)
+    assert state.limited == {"decode": 4}
+    state, _ = update_limits(state, calm, now=T0 + 330, backoff_s=300)
+    assert state.limited == {} and state.limited_since == {}
+
+
+def test_ceiling_never_goes_below_one_replica() -> None:
+    state, _ = update_limits(PolicyState(), {"prefill": RoleCounts(2, 0, 2, 2)}, now=T0, backoff_s=60)
+    assert state.limited == {"prefill": 1}
+
+
+def test_decision_is_clamped_to_learned_ceilings() -> None:
+    decision = Decision(time=T0, prefill=5, decode=3, changed=True)
+    clamped, roles = apply_ceiling(decision, {"prefill": 4})
+    assert (clamped.prefill, clamped.decode, roles) == (4, 3, ["prefill"])
+    same, none = apply_ceiling(decision, {"decode": 8})
+    assert same is decision and none == []
+
+
+def test_least_loaded_decode_pods_get_the_lowest_deletion_cost() -> None:
+    costs = deletion_costs({"d-a": 7.0, "d-b": 0.0, "d-c": None, "d-d": 3.0, "d-e": float("nan")})
+    assert costs == {"d-b": 0, "d-d": 1, "d-a": 2, "d-c": 3, "d-e": 4}
+    assert deletion_costs({}) == {}
+
+
+def _decision(prefill: int, decode: int, code: str | None = None, changed: bool = True) -> Decision:
+    reasons = (Reason(code, f"{code} happened", "prefill"),) if code else ()
+    return Decision(time=T0, prefill=prefill, decode=decode, reasons=reasons, changed=changed)
+
+
+def test_status_keeps_at_most_ten_decisions_newest_first() -> None:
+    status: dict[str, object] | None = None
+    current = {"prefill": 1, "decode": 1}
+    for step in range(12):
+        decision = _decision(2 + step, 1, "TTFTBreachPrefillQueue")
+        status = autoscaling_status(status, "rp", "active", decision, current, T0 + step, keep=10)
+        current = {"prefill": decision.prefill, "decode": 1}
+    assert status is not None
+    decisions = status["decisions"]
+    assert isinstance(decisions, list) and len(decisions) == 10
+    assert [d["prefill"] for d in decisions] == list(range(13, 3, -1))
+    assert decisions[0]["cause"] == "TTFTBreachPrefillQueue"
+    assert decisions[0]["time"] == rfc3339(T0 + 11)
+    assert status["desiredReplicas"] == {"prefill": 13, "decode": 1}
+    assert status["lastEvaluationTime"] == rfc3339(T0 + 11)
+
+
+def test_steady_state_does_not_grow_the_history() -> None:
+    current = {"prefill": 2, "decode": 2}
+    status = autoscaling_status(None, "rp", "active", _decision(2, 2, changed=False), current, T0, keep=10)
+    status = autoscaling_status(status, "rp", "active", _decision(2, 2, changed=False), current, T0 + 30, 10)
+    assert len(status["decisions"]) == 1
+    assert status["decisions"][0]["cause"] == "NoChange"
+    assert status["lastEvaluationTime"] == rfc3339(T0 + 30)
+
+
+def test_advisory_mode_records_but_sets_no_desired_replicas() -> None:
+    status = autoscaling_status(
+        None, "rp", "advisory", _decision(3, 1, "TTFTBreachPrefillQueue"), {"prefill": 1, "decode": 1}, T0, 10
+    )
+    assert status["desiredReplicas"] is None  # a merge patch removes it: the reconciler keeps spec replicas
+    assert status["recommendedReplicas"] == {"prefill": 3, "decode": 1}
+    assert status["mode"] == "advisory"
+    assert status["decisions"][0]["prefill"] == 3
+
+
+def test_condition_transition_time_moves_only_when_status_flips() -> None:
+    others = [
+        {"type": "Ready", "status": "True", "reason": "AllReady", "message": "", "lastTransitionTime": "x"}
+    ]
+    first = set_condition(others, CONDITION_METRICS, False, "MetricsMissing", "TTFT missing", T0, 3)
+    assert first[0] == others[0]
+    assert first[1]["lastTransitionTime"] == rfc3339(T0) and first[1]["observedGeneration"] == 3
+    again = set_condition(first, CONDITION_METRICS, False, "MetricsMissing", "ITL missing", T0 + 60, 3)
+    assert again[1]["lastTransitionTime"] == rfc3339(T0) and again[1]["message"] == "ITL missing"
+    flipped = set_condition(again, CONDITION_METRICS, True, "MetricsOK", "ok", T0 + 120, 3)
+    assert flipped[1]["lastTransitionTime"] == rfc3339(T0 + 120) and flipped[1]["status"] == "True"
+    assert len(flipped) == 2
+
+
+def _observation(ttft: Measured, itl: Measured) -> Observation:
+    pool = RoleObservation(replicas=1, ready=1)
+    return Observation(time=T0, prefill=pool, decode=pool, ttft=ttft, itl=itl)
+
+
+def test_metrics_condition_names_the_missing_signal() -> None:
+    ok, reason, _ = metrics_condition(_observation(Measured.of(0.5), Measured.of(0.02)))
+    assert ok and reason == "MetricsOK"
+    ok, reason, message = metrics_condition(
+        _observation(Measured.missing(), Measured.missing(SignalState.STALE))
+    )
+    assert not ok and reason == "MetricsMissing"
+    assert "TTFT is missing" in message and "ITL is stale" in message
+
+
+def test_limited_condition_prefers_pending_ceilings_then_budget() -> None:
+    decision = _decision(4, 2, "BudgetClamp")
+    assert limited_condition(decision, {"decode": 3}, [])[:2] == (True, "PendingPods")
+    assert limited_condition(decision, {}, [])[:2] == (True, "BudgetClamp")
+    assert limited_condition(_decision(4, 2, "TTFTBreachPrefillQueue"), {}, [])[:2] == (
+        False,
+        "DesiredWithinRange",
+    )
+
+
+def test_events_for_a_new_target_and_each_flipped_condition() -> None:
+    before = [{"type": CONDITION_LIMITED, "status": "False"}, {"type": CONDITION_ACTIVE, "status": "True"}]
+    after = [
+        {"type": CONDITION_LIMITED, "status": "True", "reason": "PendingPods", "message": "decode <= 4"},
+        {"type": CONDITION_ACTIVE, "status": "True", "reason": "PolicyEvaluated", "message": "ok"},
+        {"type": "Ready", "status": "False", "reason": "X", "message": "not ours"},
+    ]
+    events = change_events(
+        _decision(3, 2, "TTFTBreachPrefillQueue"), {"prefill": 2, "decode": 2}, "active", before, after
+    )
+    assert [(e.type, e.reason) for e in events] == [
+        ("Normal", "TTFTBreachPrefillQueue"),
+        ("Warning", "PendingPods"),
+    ]
+    assert "prefill 2 -> 3" in events[0].message
+    assert (
+        change_events(_decision(2, 2, changed=False), {"prefill": 2, "decode": 2}, "active", after, after)
+        == []
+    )
+
+
+def test_settings_from_env_validate_numbers() -> None:
+    settings = AutoscalingSettings.from_env(
+        {"DISAGG_AUTOSCALING_TICK_S": "0.5", "DISAGG_PROMETHEUS_URL": "http://127.0.0.1:9090"}
+    )
+    assert settings.tick_s == 0.5 and settings.prometheus_url == "http://127.0.0.1:9090"
+    assert AutoscalingSettings.from_env({}) == AutoscalingSettings()
+    with pytest.raises(ValueError, match="DISAGG_AUTOSCALING_PENDING_GRACE_S"):
+        AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_PENDING_GRACE_S": "soon"})
