@@ -1,0 +1,346 @@
+"""Derive the twin's latency coefficients from published measurements and write profiles/coefficients.yaml.
+
+Run ``python -m disagg.twin.calibrate [--calibration ../shared/calibration]``; the output is reproducible
+from the inputs. Sources (all under ``../shared/calibration``):
+
+* H100 (vLLM 0.24 kernels, ai-dynamo/aiconfigurator, Apache-2.0), times in ms:
+  - ``aiconfigurator/h100_sxm/gemm_vllm_0.24.0_gemm_perf.parquet`` columns ``gemm_dtype, m, n, k, latency``
+    (``bfloat16`` from torch linear, ``fp8`` from CutlassFP8ScaledMMLinearKernel, vLLM's per-tensor FP8
+    path). The per-layer linear layers (qkv, o, gate_up, down, sharded by TP) are bilinearly interpolated
+    in (n, k) at each token count m of the grid; lm_head is extrapolated linearly in n beyond 65536.
+  - ``attention_vllm_0.24.0_context_attention_perf.parquet`` columns ``batch_size, isl, num_heads,
+    num_key_value_heads, head_dim, kv_cache_dtype, window_size, latency``: per layer, fitted as
+    ``a + c * batch_size * isl**2`` on the rows with the model's per-GPU head counts, window 0, bf16 KV.
+  - ``attention_vllm_0.24.0_generation_attention_perf.parquet`` columns ``batch_size, step`` (= context
+    length), heads, ``latency``: per layer, fitted as ``a + g * batch_size * step``.
+  - ``comm_vllm_0.24.0_custom_allreduce_perf.parquet`` columns ``num_gpus, message_size`` (elements, bf16),
+    ``latency`` for ``backend == vllm_graph``: two all-reduces of ``m * hidden`` elements per layer.
+* A100: ``vidur/a100_Meta-Llama-3-{8B,70B}_mlp.csv`` (microsoft/vidur, MIT), per-operator medians in ms
+  (``time_stats.{input_layernorm,attn_pre_proj,attn_rope,attn_post_proj,post_attention_layernorm,
+  mlp_up_proj,mlp_act,mlp_down_proj,add}.median``) against ``num_tokens`` and
+  ``num_tensor_parallel_workers``. Attention, all-reduce and lm_head have no A100 table here, so they are
+  the H100 fits scaled by datasheet ratios (attention prefill by BF16 TFLOPS, decode by HBM bandwidth,
+  all-reduce by NVLink bandwidth) and are marked as such.
+* L40S: the H100 coefficients scaled by datasheet ratios (see profiles/gpus.yaml), clearly marked.
+
+The kernel sums omit norms, rope, activations, sampling and CPU overhead; measured end-to-end step times
+run about 20-30% above them (../shared/README.md, aiconfigurator section), which the runtime section of
+the output models as ``overhead_factor`` times the sum plus a fixed per-step overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / ".." / "shared" / "calibration"
+M_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TPS: tuple[int, ...] = (1, 2, 4, 8)
+VIDUR_LAYER_OPS: tuple[str, ...] = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
+# Runtime overhead above the kernel sums. overhead_factor: ../shared/README.md ("measured end-to-end times
+# run roughly 20-30% above such sums"); step_overhead_ms: per-step scheduler/sampling/launch cost of vLLM's
+# V1 engine, chosen so the 1-in-flight NIM point (ITL 18.6 ms, Llama-3.3-70B FP8 TP2) is met; the other
+# published points are then predictions (tests/unit/test_twin_fidelity.py).
+RUNTIME: dict[str, float] = {
+    "overhead_factor": 1.1,
+    "step_overhead_ms": 2.0,
+    "activation_reserve_gib": 4.0,
+    "gpu_memory_utilization": 0.9,
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    params_b: float
+
+
+class GemmTable:
+    """Bilinear interpolation of measured GEMM latency (ms) in (n, k) at a grid value of m."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
+        self._lat: dict[tuple[int, int, int], float] = {}
+        ns: set[int] = set()
+        ks: set[int] = set()
+        for r in rows:
+            self._lat[(r["m"], r["n"], r["k"])] = float(r["latency"])
+            ns.add(r["n"])
+            ks.add(r["k"])
+        self._ns = sorted(ns)
+        self._ks = sorted(ks)
+
+    @staticmethod
+    def _bracket(grid: list[int], x: int) -> tuple[int, int, float, float]:
+        """Grid points around x and the extrapolation scale when x is beyond the grid."""
+        if x >= grid[-1]:
+            return grid[-1], grid[-1], 0.0, x / grid[-1]
+        if x <= grid[0]:
+            return grid[0], grid[0], 0.0, 1.0
+        i = bisect.bisect_left(grid, x)
+        lo, hi = grid[i - 1], grid[i]
+        if hi == x:
+            return hi, hi, 0.0, 1.0
+        return lo, hi, (x - lo) / (hi - lo), 1.0
+
+    def latency(self, m: int, n: int, k: int) -> float:
+        n0, n1, fn, sn = self._bracket(self._ns, n)
+        k0, k1, fk, sk = self._bracket(self._ks, k)
+
+        def at(nn: int, kk: int) -> float:
+            return self._lat[(m, nn, kk)]
+
+        low = at(n0, k0) * (1 - fk) + at(n0, k1) * fk
+        high = at(n1, k0) * (1 - fk) + at(n1, k1) * fk
+        return (low * (1 - fn) + high * fn) * sn * sk
+
+
+def load_archs() -> dict[str, Arch]:
+    data = yaml.safe_load((PROFILES_DIR / "models.yaml").read_text())["models"]
+    return {name: Arch(**{f: v[f] for f in Arch.__dataclass_fields__}) for name, v in data.items()}
+
+
+def load_gpus() -> dict[str, dict[str, Any]]:
+    gpus: dict[str, dict[str, Any]] = yaml.safe_load((PROFILES_DIR / "gpus.yaml").read_text())["gpus"]
+    return gpus
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+def linear_layers_ms(gemm: GemmTable, a: Arch, tp: int, m: int) -> float:
+    """One transformer layer's linear layers on one GPU for m tokens (ms)."""
+    qkv = gemm.latency(m, (a.heads + 2 * a.kv_heads) * a.head_dim // tp, a.hidden)
+    out = gemm.latency(m, a.hidden, a.heads * a.head_dim // tp)
+    gate_up = gemm.latency(m, 2 * a.intermediate // tp, a.hidden)
+    down = gemm.latency(m, a.hidden, a.intermediate // tp)
+    return qkv + out + gate_up + down
+
+
+class AllReduceTable:
+    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
+        by_gpus: dict[int, list[tuple[int, float]]] = defaultdict(list)
+        for r in rows:
+            if r["backend"] == "vllm_graph":
+                by_gpus[r["num_gpus"]].append((r["message_size"], float(r["latency"])))
+        self._tables = {g: sorted(v) for g, v in by_gpus.items()}
+
+    def latency(self, tp: int, elements: int) -> float:
+        if tp == 1:
+            return 0.0
+        sizes, lats = zip(*self._tables[tp], strict=True)
+        if elements >= sizes[-1]:
+            return float(lats[-1] * elements / sizes[-1])
+        return float(np.interp(np.log(elements), np.log(sizes), lats))
+
+
+def fit_context_attention(
+    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int
+) -> tuple[float, float]:
+    """Per-layer prefill attention: latency_ms = a + c * batch * isl^2 (relative least squares)."""
+    pts = [
+        (r["batch_size"] * r["isl"] ** 2, r["latency"])
+        for r in rows
+        if (r["num_heads"], r["num_key_value_heads"], r["head_dim"]) == (heads, kv_heads, hd)
+        and r["window_size"] == 0
+        and r["kv_cache_dtype"] == "bfloat16"
+    ]
+    return _fit_affine(pts)
+
+
+def fit_generation_attention(
+    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int
+) -> tuple[float, float]:
+    """Per-layer decode attention: latency_ms = a + g * batch * context (relative least squares)."""
+    pts = [
+        (r["batch_size"] * r["step"], r["latency"])
+        for r in rows
+        if (r["num_heads"], r["num_key_value_heads"], r["head_dim"]) == (heads, kv_heads, hd)
+        and r["window_size"] == 0
+        and r["kv_cache_dtype"] == "bfloat16"
+    ]
+    return _fit_affine(pts)
+
+
+def _fit_affine(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    if not pts:
+        raise ValueError("no calibration rows match this attention shape")
+    x = np.array([p[0] for p in pts], dtype=float)
+    y = np.array([p[1] for p in pts], dtype=float)
+    w = 1.0 / y  # relative error
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    coef, *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    return max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
+
+
+def vidur_linear_ms(path: Path, tp: int) -> dict[int, float]:
+    """Per-layer sum of vidur's per-operator medians (ms) by num_tokens for one TP degree."""
+    out: dict[int, float] = {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if int(row["num_tensor_parallel_workers"]) != tp:
+                continue
+            n = int(row["num_tokens"])
+            out[n] = sum(float(row[f"time_stats.{op}.median"]) for op in VIDUR_LAYER_OPS)
+    return out
+
+
+def _interp_tokens(table: dict[int, float], m: int) -> float:
+    xs = sorted(table)
+    ys = [table[x] for x in xs]
+    if m > xs[-1]:
+        return ys[-1] * m / xs[-1]
+    return float(np.interp(m, xs, ys))
+
+
+def weights_fit(a: Arch, gpu: dict[str, Any], tp: int, dtype: str) -> bool:
+    bytes_per_param = 1 if dtype == "fp8" else 2
+    per_gpu_gib = a.params_b * 1e9 * bytes_per_param / tp / 2**30
+    usable = gpu["memory_gib"] * RUNTIME["gpu_memory_utilization"] - RUNTIME["activation_reserve_gib"]
+    return bool(per_gpu_gib < usable * 0.85)
+
+
+def h100_entry(cal: Path, a: Arch, tp: int, dtype: str, cache: dict[str, Any]) -> dict[str, Any]:
+    base = cal / "aiconfigurator" / "h100_sxm"
+    if "gemm" not in cache:
+        rows = _read_parquet(base / "gemm_vllm_0.24.0_gemm_perf.parquet")
+        cache["gemm"] = {d: GemmTable(r for r in rows if r["gemm_dtype"] == d) for d in ("bfloat16", "fp8")}
+        cache["ctx"] = _read_parquet(base / "attention_vllm_0.24.0_context_attention_perf.parquet")
+        cache["gen"] = _read_parquet(base / "attention_vllm_0.24.0_generation_attention_perf.parquet")
+        cache["ar"] = AllReduceTable(_read_parquet(base / "comm_vllm_0.24.0_custom_allreduce_perf.parquet"))
+    gemm: GemmTable = cache["gemm"]["fp8" if dtype == "fp8" else "bfloat16"]
+    ar: AllReduceTable = cache["ar"]
+    heads, kvh = a.heads // tp, max(1, a.kv_heads // tp)
+    layers_ms = [
+        a.layers * (linear_layers_ms(gemm, a, tp, m) + 2 * ar.latency(tp, m * a.hidden)) for m in M_GRID
+    ]
+    lm_head_ms = [gemm.latency(m, a.vocab // tp, a.hidden) for m in M_GRID]
+    ca, cc = fit_context_attention(cache["ctx"], heads, kvh, a.head_dim)
+    ga, gg = fit_generation_attention(cache["gen"], heads, kvh, a.head_dim)
+    return {
+        "source": "aiconfigurator/h100_sxm vLLM 0.24 kernel tables (gemm, context/generation attention, "
+        "custom all-reduce); see disagg.twin.calibrate",
+        "layers_ms": [round(x, 5) for x in layers_ms],
+        "lm_head_ms": [round(x, 5) for x in lm_head_ms],
+        "ctx_attn_ms": [a.layers * ca, a.layers * cc],
+        "gen_attn_ms": [a.layers * ga, a.layers * gg],
+    }
+
+
+def scaled_entry(
+    h100: dict[str, Any], gpu: dict[str, Any], ref: dict[str, Any], dtype: str
+) -> dict[str, Any]:
+    """Datasheet-ratio scaling of an H100 entry (used where no measured table exists)."""
+    key = "fp8_tflops" if dtype == "fp8" else "bf16_tflops"
+    flops = ref[key] / gpu[key]
+    hbm = ref["hbm_tbps"] / gpu["hbm_tbps"]
+    # Linear layers are bandwidth-bound at small m and compute-bound at large m: scale the small-m part by
+    # HBM and the large-m part by TFLOPS, taking the slower of the two per grid point.
+    layers = [
+        max(x * hbm if m <= 64 else 0.0, x * flops) for m, x in zip(M_GRID, h100["layers_ms"], strict=True)
+    ]
+    return {
+        "source": f"DATASHEET RATIO from the H100 entry: x{flops:.2f} compute, x{hbm:.2f} HBM "
+        "(profiles/gpus.yaml)",
+        "layers_ms": [round(x, 5) for x in layers],
+        "lm_head_ms": [round(max(x * hbm, x * flops), 5) for x in h100["lm_head_ms"]],
+        "ctx_attn_ms": [h100["ctx_attn_ms"][0], h100["ctx_attn_ms"][1] * flops],
+        "gen_attn_ms": [h100["gen_attn_ms"][0], h100["gen_attn_ms"][1] * hbm],
+    }
+
+
+def a100_entry(
+    cal: Path, name: str, a: Arch, tp: int, h100: dict[str, Any], gpus: dict[str, Any], cache: dict[str, Any]
+) -> dict[str, Any] | None:
+    vidur_name = {"llama-3.1-8b": "Meta-Llama-3-8B", "llama-3.1-70b": "Meta-Llama-3-70B"}.get(name)
+    if vidur_name is None:
+        return scaled_entry(h100, gpus["a100"], gpus["h100"], "bf16")
+    table = vidur_linear_ms(cal / "vidur" / f"a100_{vidur_name}_mlp.csv", tp)
+    if not table:
+        return None
+    nv = gpus["h100"]["nvlink_gbps"] / gpus["a100"]["nvlink_gbps"]
+    flops = gpus["h100"]["bf16_tflops"] / gpus["a100"]["bf16_tflops"]
+    hbm = gpus["h100"]["hbm_tbps"] / gpus["a100"]["hbm_tbps"]
+    ar: AllReduceTable = cache["ar"]
+    layers_ms = [
+        a.layers * (_interp_tokens(table, m) + 2 * nv * ar.latency(tp, m * a.hidden)) for m in M_GRID
+    ]
+    return {
+        "source": f"vidur/a100_{vidur_name}_mlp.csv per-operator medians (linear layers, norms, rope, act); "
+        "attention, all-reduce and lm_head: DATASHEET RATIO from the H100 entry",
+        "layers_ms": [round(x, 5) for x in layers_ms],
+        "lm_head_ms": [round(max(x * hbm, x * flops), 5) for x in h100["lm_head_ms"]],
+        "ctx_attn_ms": [h100["ctx_attn_ms"][0], h100["ctx_attn_ms"][1] * flops],
+        "gen_attn_ms": [h100["gen_attn_ms"][0], h100["gen_attn_ms"][1] * hbm],
+    }
+
+
+def calibrate(cal: Path) -> dict[str, Any]:
+    archs, gpus = load_archs(), load_gpus()
+    cache: dict[str, Any] = {}
+    entries: dict[str, Any] = {}
+    for name, a in archs.items():
+        for tp in TPS:
+            for dtype in ("bf16", "fp8"):
+                h100 = h100_entry(cal, a, tp, dtype, cache)
+                if weights_fit(a, gpus["h100"], tp, dtype):
+                    entries[f"{name}/h100/tp{tp}/{dtype}"] = h100
+                if dtype == "bf16" and weights_fit(a, gpus["a100"], tp, dtype):
+                    e = a100_entry(cal, name, a, tp, h100, gpus, cache)
+                    if e is not None:
+                        entries[f"{name}/a100/tp{tp}/{dtype}"] = e
+                if weights_fit(a, gpus["l40s"], tp, dtype):
+                    entries[f"{name}/l40s/tp{tp}/{dtype}"] = scaled_entry(
+                        h100, gpus["l40s"], gpus["h100"], dtype
+                    )
+    return {"m_grid": list(M_GRID), "runtime": dict(RUNTIME), "profiles": entries}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calibration", type=Path, default=DEFAULT_CALIBRATION)
+    parser.add_argument("--out", type=Path, default=PROFILES_DIR / "coefficients.yaml")
+    args = parser.parse_args(argv)
+    data = calibrate(args.calibration.resolve())
+    header = (
+        "# GENERATED by `python -m disagg.twin.calibrate` from ../shared/calibration; do not edit by hand.\n"
+        "# Units: ms per step for the whole model on one GPU of the TP group. layers_ms/lm_head_ms are\n"
+        "# tabulated at m_grid tokens (lm_head at m_grid sequences); ctx_attn_ms = [a, c]: a + c*sum(l^2);\n"
+        "# gen_attn_ms = [a, g]: a + g*sum(context). Each entry names its source.\n"
+    )
+    args.out.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120))
+    print(f"wrote {len(data['profiles'])} profiles to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

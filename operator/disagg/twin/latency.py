@@ -1,0 +1,280 @@
+"""The twin's latency model: how long one engine step takes on a (model, GPU, TP, dtype).
+
+A step runs ``num_tokens`` tokens through the model (prefill chunks plus one token per decoding sequence):
+
+    step = overhead_factor * (layers(num_tokens) + lm_head(num_seqs) + ctx_attn + gen_attn) + step_overhead
+
+* ``layers(m)``: linear layers and tensor-parallel all-reduces of every layer for m tokens, tabulated from
+  measured kernel times (profiles/coefficients.yaml, written by ``disagg.twin.calibrate``; each entry names
+  its source) and interpolated linearly in m.
+* ``ctx_attn = a + c * sum(2 * chunk * prior + chunk**2)`` over the prefill chunks (causal attention work;
+  equals ``sum(l**2)`` for whole prompts), ``gen_attn = a + g * sum(context)`` over decoding sequences.
+* ``overhead_factor`` and ``step_overhead`` cover what the kernel tables leave out (norms, rope, sampling,
+  scheduler and launch overhead); see the runtime section of coefficients.yaml.
+
+Model architectures (profiles/models.yaml) and GPU specs (profiles/gpus.yaml) are data: a user adds a model
+or GPU there, runs the calibration, and needs no code change. Pure: no I/O beyond reading those files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+GIB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    params_b: float
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype]
+
+    def weight_bytes(self, dtype: str) -> float:
+        return self.params_b * 1e9 * DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    product: str
+    memory_gib: float
+    bf16_tflops: float
+    fp8_tflops: float
+    hbm_tbps: float
+    nvlink_gbps: float
+    nic_gbit: float
+
+
+@dataclass(frozen=True)
+class Link:
+    """A KV-transfer path between a prefill and a decode replica: fixed setup latency + bytes / bandwidth."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    setup_s: float
+
+    def transfer_time_s(self, nbytes: float) -> float:
+        return self.setup_s + nbytes / self.bandwidth_bytes_per_s
+
+
+# Setup latency of one KV transfer (connector handshake, RDMA registration lookup, completion notification).
+# Assumption of the twin (order of a millisecond, as NIXL/UCX RDMA round trips are tens of microseconds plus
+# Python-side bookkeeping in vLLM's NixlConnector); configurable per simulation.
+DEFAULT_KV_SETUP_S = 0.002
+
+
+@dataclass(frozen=True)
+class Runtime:
+    overhead_factor: float
+    step_overhead_s: float
+    activation_reserve_gib: float
+    gpu_memory_utilization: float
+
+
+class LatencyModel:
+    """Step times for one replica (a TP group) of a model on a GPU type. Immutable after construction."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        gpu: GpuSpec,
+        tp: int,
+        dtype: str,
+        coefficients: dict[str, Any],
+        m_grid: Sequence[int],
+        runtime: Runtime,
+        kv_dtype: str = "bf16",
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.dtype = dtype
+        self.kv_dtype = kv_dtype
+        self.runtime = runtime
+        self.source: str = coefficients["source"]
+        f = runtime.overhead_factor
+        self._grid = [float(m) for m in m_grid]
+        self._layers = [f * x / 1000 for x in coefficients["layers_ms"]]
+        self._lm_head = [f * x / 1000 for x in coefficients["lm_head_ms"]]
+        self._ctx_a = float(f * coefficients["ctx_attn_ms"][0] / 1000)
+        self._ctx_c = float(f * coefficients["ctx_attn_ms"][1] / 1000)
+        self._gen_a = float(f * coefficients["gen_attn_ms"][0] / 1000)
+        self._gen_g = float(f * coefficients["gen_attn_ms"][1] / 1000)
+        self._fixed = runtime.step_overhead_s
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype)
+        self.kv_capacity_tokens = self._kv_capacity_tokens()
+
+    def __repr__(self) -> str:
+        return f"LatencyModel({self.model.name}, {self.gpu.name}, tp={self.tp}, {self.dtype})"
+
+    # --- building blocks -------------------------------------------------------------------------
+    def _interp(self, table: list[float], x: float) -> float:
+        grid = self._grid
+        if x <= grid[0]:
+            return table[0] if x > 0 else 0.0
+        if x >= grid[-1]:
+            return table[-1] * x / grid[-1]
+        i = bisect.bisect_right(grid, x)
+        x0, x1 = grid[i - 1], grid[i]
+        return table[i - 1] + (table[i] - table[i - 1]) * (x - x0) / (x1 - x0)
+
+    def _kv_capacity_tokens(self) -> int:
+        rt = self.runtime
+        per_gpu = (
+            self.gpu.memory_gib * GIB * rt.gpu_memory_utilization
+            - self.model.weight_bytes(self.dtype) / self.tp
+            - rt.activation_reserve_gib * GIB
+        )
+        if per_gpu <= 0:
+            raise ValueError(f"{self.model.name} {self.dtype} does not fit on {self.tp} x {self.gpu.name}")
+        return int(per_gpu * self.tp // self.kv_bytes_per_token)
+
+    # --- the contract --------------------------------------------------------------------------------
+    def step_time_s(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        prefill_attn_work: float = 0.0,
+        decode_seqs: int = 0,
+        decode_context_tokens: int = 0,
+    ) -> float:
+        """One engine step. ``prefill_attn_work`` = sum(2*chunk*prior + chunk**2) over prefill chunks."""
+        if num_tokens <= 0:
+            return 0.0
+        t = self._interp(self._layers, num_tokens) + self._interp(self._lm_head, num_seqs)
+        if prefill_attn_work > 0:
+            t += self._ctx_a + self._ctx_c * prefill_attn_work
+        if decode_seqs > 0:
+            t += self._gen_a + self._gen_g * decode_context_tokens
+        return t + self._fixed
+
+    def prefill_time_s(self, prompt_lens: Sequence[int]) -> float:
+        """One step that prefills these whole prompts together."""
+        total = sum(prompt_lens)
+        work = float(sum(n * n for n in prompt_lens))
+        return self.step_time_s(total, len(prompt_lens), prefill_attn_work=work)
+
+    def decode_step_time_s(self, batch_size: int, total_context_tokens: int) -> float:
+        """One decode step of ``batch_size`` sequences holding ``total_context_tokens`` in KV."""
+        return self.step_time_s(batch_size, batch_size, 0.0, batch_size, total_context_tokens)
+
+    def mixed_step_time_s(
+        self, prefill_tokens: int, decode_batch: int, total_context_tokens: int, prefill_prior_tokens: int = 0
+    ) -> float:
+        """A chunked-prefill step: one prefill chunk (after ``prefill_prior_tokens``) plus decodes."""
+        work = float(2 * prefill_tokens * prefill_prior_tokens + prefill_tokens * prefill_tokens)
+        seqs = decode_batch + (1 if prefill_tokens else 0)
+        return self.step_time_s(prefill_tokens + decode_batch, seqs, work, decode_batch, total_context_tokens)
+
+    def decode_steps_time_s(self, batch_size: int, total_context_tokens: int, steps: int) -> float:
+        """k identical-shape decode steps; the context grows by batch_size per step (closed form)."""
+        if steps <= 0:
+            return 0.0
+        first = self.decode_step_time_s(batch_size, total_context_tokens)
+        return steps * first + self._gen_g * batch_size * steps * (steps - 1) / 2
+
+    def decode_step_slope_s(self, batch_size: int) -> float:
+        """Increase of the decode step time per step at a fixed batch (context grows by batch_size)."""
+        return self._gen_g * batch_size
+
+    def kv_transfer_time_s(
+        self, tokens: int, link: Link | str = "nic", setup_s: float | None = None
+    ) -> float:
+        """Moving a prompt's KV from a prefill to a decode replica over ``link``."""
+        lk = self.link(link) if isinstance(link, str) else link
+        if setup_s is not None:
+            lk = Link(lk.name, lk.bandwidth_bytes_per_s, setup_s)
+        return lk.transfer_time_s(tokens * self.kv_bytes_per_token)
+
+    def link(self, name: str) -> Link:
+        """Named links: ``nic`` (a NIC per GPU, the TP group's NICs in parallel) or ``nvlink`` (same node)."""
+        if name == "nic":
+            return Link("nic", self.gpu.nic_gbit * 1e9 / 8 * self.tp, DEFAULT_KV_SETUP_S)
+        if name == "nvlink":
+            return Link("nvlink", self.gpu.nvlink_gbps * 1e9 * self.tp, DEFAULT_KV_SETUP_S)
+        raise ValueError(f"link: unknown link {name!r} (expected 'nic' or 'nvlink', or pass a Link)")
+
+
+@functools.cache
+def _load_yaml(name: str) -> Any:
+    return yaml.safe_load((PROFILES_DIR / name).read_text())
+
+
+def _model_table() -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = _load_yaml("models.yaml")["models"]
+    return table
+
+
+def resolve_model_name(model: str) -> str:
+    """Canonical profile name for a model name or Hugging Face id (case-insensitive)."""
+    key = model.strip().lower()
+    for name, spec in _model_table().items():
+        if key == name or key in (a.lower() for a in spec.get("aliases", [])):
+            return name
+    known = sorted(_model_table())
+    raise ValueError(f"model: no twin profile for {model!r}; known models: {known} (add one to models.yaml)")
+
+
+def resolve_gpu_name(gpu: str) -> str:
+    key = gpu.strip().lower()
+    gpus: dict[str, dict[str, Any]] = _load_yaml("gpus.yaml")["gpus"]
+    for name, spec in gpus.items():
+        if key in (name, str(spec.get("product", "")).lower()):
+            return name
+    raise ValueError(f"gpu: no twin profile for {gpu!r}; known GPUs: {sorted(gpus)} (add one to gpus.yaml)")
+
+
+def load_model_config(model: str) -> ModelConfig:
+    name = resolve_model_name(model)
+    spec = _model_table()[name]
+    fields = {f: spec[f] for f in ModelConfig.__dataclass_fields__ if f != "name"}
+    return ModelConfig(name=name, **fields)
+
+
+def load_gpu_spec(gpu: str) -> GpuSpec:
+    name = resolve_gpu_name(gpu)
+    spec = _load_yaml("gpus.yaml")["gpus"][name]
+    fields = {f: spec[f] for f in GpuSpec.__dataclass_fields__ if f != "name"}
+    return GpuSpec(name=name, **fields)
+
+
+@functools.cache
+def load_latency_model(model: str, gpu: str, tp: int, dtype: str = "bf16") -> LatencyModel:
+    """The latency model for (model, gpu, tp, dtype), e.g. ``("llama-3.1-70b", "h100", 4, "fp8")``."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    mc = load_model_config(model)
+    gs = load_gpu_spec(gpu)
+    coef = _load_yaml("coefficients.yaml")
+    key = f"{mc.name}/{gs.name}/tp{tp}/{'fp8' if dtype == 'fp8' else 'bf16'}"
+    entry = coef["profiles"].get(key)
+    if entry is None:
+        have = sorted(k for k in coef["profiles"] if k.startswith(f"{mc.name}/{gs.name}/"))
+        raise ValueError(f"tp/dtype: no calibrated profile {key!r}; available: {have}")
+    rt = coef["runtime"]
+    runtime = Runtime(
+        overhead_factor=float(rt["overhead_factor"]),
+        step_overhead_s=float(rt["step_overhead_ms"]) / 1000,
+        activation_reserve_gib=float(rt["activation_reserve_gib"]),
+        gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
+    )
+    return LatencyModel(mc, gs, tp, dtype, entry, coef["m_grid"], runtime)

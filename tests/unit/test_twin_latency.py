@@ -1,0 +1,71 @@
+"""The twin's latency model: contract, physics sanity and error messages (pure, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.twin.latency import Link, load_latency_model
+
+
+def test_kv_bytes_per_token_from_config() -> None:
+    # 2 (K,V) * 80 layers * 8 kv heads * 128 head_dim * 2 bytes (Llama-3.1-70B config.json)
+    assert load_latency_model("llama-3.1-70b", "h100", 4).kv_bytes_per_token == 327680
+    assert load_latency_model("llama-3.1-8b", "h100", 1).kv_bytes_per_token == 131072
+
+
+def test_kv_capacity_is_memory_minus_weights_and_reserve() -> None:
+    m = load_latency_model("llama-3.1-70b", "h100", 4)
+    gib = 2**30
+    free = 80 * gib * 0.9 - 70.6e9 * 2 / 4 - 4 * gib
+    assert m.kv_capacity_tokens == int(free * 4 // 327680)
+    # More GPUs in the TP group leave more room for KV per replica.
+    assert load_latency_model("llama-3.1-70b", "h100", 8).kv_capacity_tokens > m.kv_capacity_tokens
+
+
+def test_prefill_grows_with_length_and_decode_with_batch_and_context() -> None:
+    m = load_latency_model("llama-3.1-70b", "h100", 8, "fp8")
+    t1k, t8k = m.prefill_time_s([1024]), m.prefill_time_s([8192])
+    assert 6 * t1k < t8k < 16 * t1k  # compute-bound GEMMs plus quadratic attention
+    assert (
+        m.decode_step_time_s(64, 64 * 2048) > m.decode_step_time_s(8, 8 * 2048) > m.decode_step_time_s(8, 8)
+    )
+
+
+def test_decode_jump_equals_sum_of_steps() -> None:
+    m = load_latency_model("llama-3.1-8b", "h100", 1)
+    batch, ctx, k = 16, 16 * 700, 37
+    stepwise = sum(m.decode_step_time_s(batch, ctx + batch * i) for i in range(k))
+    assert m.decode_steps_time_s(batch, ctx, k) == pytest.approx(stepwise, rel=1e-9)
+
+
+def test_mixed_step_costs_more_than_its_parts_alone_minus_overhead() -> None:
+    m = load_latency_model("llama-3.1-8b", "h100", 1)
+    mixed = m.mixed_step_time_s(512, 32, 32 * 1000)
+    assert mixed > m.decode_step_time_s(32, 32 * 1000)
+    assert mixed > m.prefill_time_s([512])
+
+
+def test_kv_transfer_is_setup_plus_bytes_over_bandwidth() -> None:
+    m = load_latency_model("llama-3.1-70b", "h100", 4)
+    link = Link("test", 50e9, 0.001)
+    assert m.kv_transfer_time_s(1000, link) == pytest.approx(0.001 + 1000 * 327680 / 50e9)
+    assert m.kv_transfer_time_s(8192, "nvlink") < m.kv_transfer_time_s(8192, "nic")
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("no-such-model", "h100", 1), "model"),
+        (("llama-3.1-8b", "tpu", 1), "gpu"),
+        (("llama-3.1-70b", "h100", 1), "tp/dtype"),
+        (("llama-3.1-8b", "h100", 1, "int3"), "dtype"),
+    ],
+)
+def test_bad_profile_names_the_field(args: tuple[object, ...], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}"):
+        load_latency_model(*args)  # type: ignore[arg-type]
+
+
+def test_aliases_resolve_hugging_face_ids() -> None:
+    m = load_latency_model("meta-llama/Llama-3.3-70B-Instruct", "NVIDIA-H100-80GB-HBM3", 2, "fp8")
+    assert m.model.name == "llama-3.1-70b" and m.gpu.name == "h100"
