@@ -1,0 +1,190 @@
+"""Server-side apply of rendered children, owned by their DisaggregatedDeployment, and pruning of the rest.
+
+One field manager owns every field the renderer writes; conflicts are forced, because the operator is
+the declared owner of those fields (a hand edit to one of them is drift to undo). Fields nobody renders
+(e.g. annotations another controller adds) are left alone by server-side apply.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from disagg.k8s.client import CHILD_KINDS, JsonDict, Kind, KubeApi, kind_of
+
+DEPLOYMENT_LABEL = "disagg.dev/deployment"
+FIELD_MANAGER = "disagg-operator"
+# Client errors that retrying the same request cannot fix (the manifest or the permissions are wrong).
+PERMANENT_STATUSES = frozenset({400, 403, 404, 405, 413, 415, 422})
+
+ChildKey = tuple[str, str]  # (kind, name)
+
+
+class ApplyError(Exception):
+    """Applying (or pruning) one child failed; names the child and carries the API server's message."""
+
+    def __init__(self, child: str, status: int | None, message: str) -> None:
+        super().__init__(f"{child}: {message}")
+        self.child = child
+        self.status = status
+        self.message = message
+
+    @property
+    def permanent(self) -> bool:
+        return self.status in PERMANENT_STATUSES
+
+
+@dataclass
+class ApplyResult:
+    created: list[str] = field(default_factory=list)  # "Kind/name"
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    live: dict[ChildKey, JsonDict] = field(default_factory=dict)  # the objects as the server returned them
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.pruned)
+
+
+def owner_reference(owner: Mapping[str, Any]) -> JsonDict:
+    """A controller owner reference to the DisaggregatedDeployment (garbage collection cascades)."""
+    metadata = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def with_owner(child: Mapping[str, Any], owner: Mapping[str, Any]) -> JsonDict:
+    """A copy of child placed in the owner's namespace with the owner reference set."""
+    out = copy.deepcopy(dict(child))
+    metadata = out.setdefault("metadata", {})
+    metadata["namespace"] = owner["metadata"]["namespace"]
+    metadata["ownerReferences"] = [owner_reference(owner)]
+    return out
+
+
+def is_owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+
+
+def child_key(obj: Mapping[str, Any]) -> ChildKey:
+    return str(obj["kind"]), str(obj["metadata"]["name"])
+
+
+def child_label(key: ChildKey) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def list_owned_children(
+    api: KubeApi, owner: Mapping[str, Any], kinds: Sequence[Kind] = CHILD_KINDS
+) -> dict[ChildKey, JsonDict]:
+    """Children of the owner, found by the deployment label and confirmed by the controller reference."""
+    metadata = owner["metadata"]
+    selector = f"{DEPLOYMENT_LABEL}={metadata['name']}"
+    found: dict[ChildKey, JsonDict] = {}
+    for kind in kinds:
+        for obj in api.list(kind, metadata["namespace"], label_selector=selector):
+            if is_owned_by(obj, metadata["uid"]):
+                found[child_key(obj)] = obj
+    return found
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        body = json.loads(error.body or "")
+    except ValueError:
+        return str(error.reason or error)
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return str(error.reason or error)
+
+
+_VOLATILE_METADATA = (
+    "resourceVersion",
+    "managedFields",
+    "generation",
+    "creationTimestamp",
+    "uid",
+    "selfLink",
+)
+
+
+def _content(obj: Mapping[str, Any]) -> JsonDict:
+    """The object without status and server bookkeeping: what an apply can change."""
+    out = {k: v for k, v in obj.items() if k != "status"}
+    out["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _VOLATILE_METADATA}
+    return out
+
+
+def _apply_one(api: KubeApi, manifest: JsonDict, field_manager: str) -> JsonDict:
+    try:
+        return api.apply(manifest, field_manager=field_manager, force=True)
+    except ApiException as error:
+        raise ApplyError(child_label(child_key(manifest)), error.status, _api_message(error)) from error
+
+
+def _exists(api: KubeApi, kind: Kind, namespace: str, name: str) -> bool:
+    try:
+        return api.get(kind, namespace, name) is not None
+    except ApiException as error:
+        raise ApplyError(f"{kind.kind}/{name}", error.status, _api_message(error)) from error
+
+
+def apply_children(
+    api: KubeApi,
+    owner: Mapping[str, Any],
+    children: Sequence[Mapping[str, Any]],
+    field_manager: str = FIELD_MANAGER,
+    kinds: Sequence[Kind] = CHILD_KINDS,
+) -> ApplyResult:
+    """Make the cluster hold exactly ``children`` for ``owner``: apply each, prune owned leftovers.
+
+    Returns what was created, updated (the server's resourceVersion moved), left unchanged and pruned.
+    Raises ApplyError naming the first child that failed; children before it stay applied.
+    """
+    namespace = owner["metadata"]["namespace"]
+    for child in children:
+        kind_of(child, kinds)  # fail early, naming the kind, before touching anything
+    try:
+        existing = list_owned_children(api, owner, kinds)
+    except ApiException as error:
+        raise ApplyError("children", error.status, _api_message(error)) from error
+
+    result = ApplyResult()
+    for child in children:
+        manifest = with_owner(child, owner)
+        key = child_key(manifest)
+        before = existing.get(key)
+        is_new = before is None and not _exists(api, kind_of(manifest, kinds), namespace, key[1])
+        live = _apply_one(api, manifest, field_manager)
+        result.live[key] = live
+        label = child_label(key)
+        if is_new:
+            result.created.append(label)
+        elif before is None or _content(before) != _content(live):
+            result.updated.append(label)
+        else:
+            result.unchanged.append(label)
+
+    for key, obj in existing.items():
+        if key in result.live:
+            continue
+        kind = kind_of(obj, kinds)
+        try:
+            if api.delete(kind, namespace, key[1], uid=obj["metadata"].get("uid")):
+                result.pruned.append(child_label(key))
+        except ApiException as error:
+            raise ApplyError(child_label(key), error.status, _api_message(error)) from error
+    return result

@@ -1,0 +1,193 @@
+"""A small, dict-in dict-out REST layer over the Kubernetes Python client.
+
+The typed client deserialises into generated models (lossy for custom resources, and it hides
+server-side apply behind per-kind methods); the operator only needs a handful of verbs on a handful of
+kinds, so it speaks to the API server with plain JSON through the client's authenticated transport.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+JsonDict = dict[str, Any]
+
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is valid YAML
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST tree."""
+
+    api_version: str  # "apps/v1", "v1", "disagg.dev/v1alpha1"
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
+        group_version = self.api_version
+        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        if self.namespaced:
+            if namespace is None:
+                raise ValueError(f"{self.kind} is namespaced: a namespace is required")
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+STATEFULSET = Kind("apps/v1", "StatefulSet", "statefulsets")
+SERVICE = Kind("v1", "Service", "services")
+CONFIGMAP = Kind("v1", "ConfigMap", "configmaps")
+PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+EVENT = Kind("v1", "Event", "events")
+POD = Kind("v1", "Pod", "pods")
+DISAGG_DEPLOYMENT = Kind("disagg.dev/v1alpha1", "DisaggregatedDeployment", "disaggregateddeployments")
+CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False)
+
+# The kinds the renderer may produce, hence the kinds the pruner looks at (and nothing else).
+CHILD_KINDS: tuple[Kind, ...] = (DEPLOYMENT, STATEFULSET, SERVICE, CONFIGMAP, PDB)
+
+
+def kind_of(obj: Mapping[str, Any], kinds: Sequence[Kind] = CHILD_KINDS) -> Kind:
+    """The Kind entry for a manifest, by apiVersion and kind."""
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    for entry in kinds:
+        if entry.api_version == api_version and entry.kind == kind:
+            return entry
+    raise ValueError(f"unsupported child kind {api_version}/{kind}: the operator manages {_names(kinds)}")
+
+
+def _names(kinds: Sequence[Kind]) -> str:
+    return ", ".join(f"{k.api_version}/{k.kind}" for k in kinds)
+
+
+def load_api_client(kubeconfig: str | os.PathLike[str] | None = None) -> k8s_client.ApiClient:
+    """An authenticated client: the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+    configuration = k8s_client.Configuration()
+    if kubeconfig is not None:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+    elif os.environ.get("KUBECONFIG") or Path("~/.kube/config").expanduser().exists():
+        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return k8s_client.ApiClient(configuration)
+
+
+def is_status(error: BaseException, *codes: int) -> bool:
+    """Whether an exception is an API error with one of the given HTTP status codes."""
+    return isinstance(error, ApiException) and error.status in codes
+
+
+class KubeApi:
+    """JSON verbs on the API server. Thread-safe as far as the underlying urllib3 pool is."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, request_timeout_s: float = 30.0) -> None:
+        self.api_client = api_client
+        self.request_timeout_s = request_timeout_s
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> JsonDict:
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        m, url, hdrs, payload, _ = self.api_client.param_serialize(
+            method,
+            path,
+            query_params=list(query) or None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(m, url, hdrs, payload, _request_timeout=self.request_timeout_s)
+        response.read()  # type: ignore[no-untyped-call]
+        text = response.data.decode("utf-8") if response.data else ""
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        result = json.loads(text) if text else {}
+        if not isinstance(result, dict):
+            raise ValueError(f"{method} {path}: expected a JSON object, got {type(result).__name__}")
+        return result
+
+    def get(self, kind: Kind, namespace: str | None, name: str) -> JsonDict | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.request("GET", kind.path(namespace, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(self, kind: Kind, namespace: str | None, label_selector: str = "") -> list[JsonDict]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        items = self.request("GET", kind.path(namespace), query=query).get("items") or []
+        # List items carry no apiVersion/kind; put them back so the objects stand alone.
+        return [{"apiVersion": kind.api_version, "kind": kind.kind, **item} for item in items]
+
+    def apply(self, obj: Mapping[str, Any], field_manager: str, force: bool = True) -> JsonDict:
+        """Server-side apply of a whole manifest (the fields it names become ours)."""
+        kind = kind_of(obj, (*CHILD_KINDS, DISAGG_DEPLOYMENT, CRD))
+        metadata = obj.get("metadata") or {}
+        query = [("fieldManager", field_manager)]
+        if force:
+            query.append(("force", "true"))
+        path = kind.path(metadata.get("namespace"), metadata["name"])
+        return self.request("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
+
+    def delete(self, kind: Kind, namespace: str | None, name: str, uid: str | None = None) -> bool:
+        """Delete (background propagation); with uid, only that incarnation. False when already gone."""
+        body: JsonDict = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", kind.path(namespace, name), body=body)
+        except ApiException as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def merge_patch_status(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        status: JsonDict,
+        resource_version: str | None = None,
+    ) -> JsonDict:
+        """JSON merge patch of the status subresource (null values delete keys).
+
+        With ``resource_version`` the patch only succeeds against that version of the object (409
+        Conflict otherwise), so a status computed from a stale read never overwrites a newer one.
+        """
+        body: JsonDict = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        path = kind.path(namespace, name, subresource="status")
+        return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+
+    def create(self, kind: Kind, namespace: str | None, obj: Mapping[str, Any]) -> JsonDict:
+        return self.request("POST", kind.path(namespace), body=dict(obj))
