@@ -1,0 +1,214 @@
+"""Pieces shared by the disagg.dev models: the camelCase base model, conditions, resources, free-form objects.
+
+Pure: pydantic only. Free-form Kubernetes objects (tolerations, affinity, a pod-template override, env
+``valueFrom``) are plain dicts whose CRD schema carries ``x-kubernetes-preserve-unknown-fields`` so the
+API server keeps them as given; the kubelet and the apiserver validate them where they land (in the
+rendered children).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "disagg.dev"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+# Bounds that keep CEL rule costs within the API server's budget (every list and string that a rule may
+# touch needs a maximum size) and match Kubernetes' own limits where one exists.
+MAX_NAME_LENGTH = 253
+MAX_ARGS = 128
+MAX_ARG_LENGTH = 4096
+MAX_ENV = 128
+MAX_MAP_ENTRIES = 64
+MAX_LIST_ITEMS = 64
+MAX_CONDITIONS = 16
+
+FREE_FORM_OBJECT: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+FreeFormObject = Annotated[dict[str, Any], WithJsonSchema(FREE_FORM_OBJECT)]
+"""Any JSON object, kept as given (CRD: ``x-kubernetes-preserve-unknown-fields``)."""
+
+FreeFormList = Annotated[
+    list[dict[str, Any]],
+    WithJsonSchema({"type": "array", "maxItems": MAX_LIST_ITEMS, "items": FREE_FORM_OBJECT}),
+]
+"""A list of JSON objects kept as given (e.g. tolerations)."""
+
+Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+"""A Kubernetes resource quantity: an integer or a string like ``"64Gi"`` or ``"500m"``."""
+
+StringMap = Annotated[
+    dict[str, str],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_MAP_ENTRIES,
+            "additionalProperties": {"type": "string", "maxLength": 1024},
+        }
+    ),
+]
+"""A map of strings (labels, node selectors)."""
+
+QuantityMap = Annotated[
+    dict[str, Quantity],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_MAP_ENTRIES,
+            "additionalProperties": {"x-kubernetes-int-or-string": True},
+        }
+    ),
+]
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase keys, unset optionals left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class EnvVar(ApiModel):
+    """One environment variable of a container, as in a Kubernetes container's ``env``."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        description="Name of the environment variable.",
+    )
+    value: str | None = Field(
+        default=None, max_length=32768, description="Literal value; mutually exclusive with valueFrom."
+    )
+    value_from: FreeFormObject | None = Field(
+        default=None,
+        description="Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
+        "as in a Kubernetes EnvVarSource.",
+    )
+
+
+EnvList = Annotated[list[EnvVar], Field(max_length=MAX_ENV)]
+ArgList = Annotated[list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]], Field(max_length=MAX_ARGS)]
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of a container, as in Kubernetes ``resources``.
+
+    The GPU count per replica (``nvidia.com/gpu``) is derived from the role's parallelism; if you give
+    it here it must equal that count.
+    """
+
+    requests: QuantityMap | None = Field(
+        default=None, description="Minimum resources required, e.g. {cpu: 8, memory: 64Gi}."
+    )
+    limits: QuantityMap | None = Field(
+        default=None, description="Maximum resources allowed, e.g. {memory: 128Gi, nvidia.com/gpu: 8}."
+    )
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object by name in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of the referenced object.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of the Secret.")
+    key: str = Field(
+        default="token", min_length=1, max_length=MAX_NAME_LENGTH, description="Key within the Secret."
+    )
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """One aspect of the object's current state, following the Kubernetes condition conventions
+    (metav1.Condition)."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        description="Type of condition in CamelCase, e.g. Ready, Progressing, Degraded.",
+    )
+    status: ConditionStatus = Field(description="Status of the condition: True, False or Unknown.")
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description="Programmatic identifier (CamelCase) of the reason for the last transition.",
+    )
+    message: str = Field(
+        default="", max_length=32768, description="Human-readable details about the last transition."
+    )
+    last_transition_time: str = Field(
+        description="When the condition last changed status (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The metadata.generation the condition was set for.",
+    )
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """A timestamp as Kubernetes writes them: UTC, seconds precision, trailing Z."""
+    value = (moment or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None = None,
+    now: datetime | None = None,
+) -> list[Condition]:
+    """Return ``conditions`` with ``type_`` set; lastTransitionTime changes only when the status does."""
+    result: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            result.append(cond)
+            continue
+        found = True
+        changed = cond.status != status
+        result.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=rfc3339(now) if changed else cond.last_transition_time,
+                observed_generation=observed_generation,
+            )
+        )
+    if not found:
+        result.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=rfc3339(now),
+                observed_generation=observed_generation,
+            )
+        )
+    return result

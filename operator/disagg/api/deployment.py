@@ -1,0 +1,735 @@
+"""The ``DisaggregatedDeployment`` API (disagg.dev/v1alpha1): a prefill pool, a decode pool, a router.
+
+These models are the single source of truth: the CRD (schema, defaults, enums, CEL rules, printer
+columns) is generated from them by :mod:`disagg.api.crd`. Every cross-field rule exists twice, as a CEL
+rule the API server enforces (``x-kubernetes-validations`` in ``json_schema_extra``) and as a pydantic
+validator with the same meaning, so ``disagg render`` rejects what ``kubectl apply`` would, naming the
+field. Pure: pydantic only.
+
+Example (see examples/ for one per engine and KV connector)::
+
+    apiVersion: disagg.dev/v1alpha1
+    kind: DisaggregatedDeployment
+    metadata: {name: llama-70b}
+    spec:
+      model:
+        name: meta-llama/Llama-3.1-70B-Instruct
+        source: {huggingFace: {id: meta-llama/Llama-3.1-70B-Instruct}}
+      engine: {type: vllm}
+      kvTransfer: {connector: nixl}
+      prefill: {replicas: 2, tensorParallelSize: 4}
+      decode: {replicas: 1, tensorParallelSize: 8}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from disagg.api.common import (
+    FREE_FORM_OBJECT,
+    MAX_CONDITIONS,
+    MAX_NAME_LENGTH,
+    ApiModel,
+    ArgList,
+    Condition,
+    EnvList,
+    FreeFormList,
+    FreeFormObject,
+    LocalObjectReference,
+    ResourceRequirements,
+    SecretKeyRef,
+    StringMap,
+)
+
+KIND = "DisaggregatedDeployment"
+PLURAL = "disaggregateddeployments"
+SINGULAR = "disaggregateddeployment"
+SHORT_NAMES = ("dd", "disagg")
+
+Engine = Literal["vllm", "sglang"]
+Connector = Literal["nixl", "mooncake", "lmcache", "p2p-nccl"]
+RoleName = Literal["prefill", "decode"]
+ROLE_NAMES: tuple[RoleName, RoleName] = ("prefill", "decode")
+
+# Which KV connectors each engine can use. vLLM: NixlConnector, MooncakeConnector, LMCacheConnectorV1,
+# P2pNcclConnector (vllm/distributed/kv_transfer/kv_connector/factory.py). SGLang:
+# --disaggregation-transfer-backend {mooncake,nixl} (python/sglang/srt/server_args.py; "ascend" and
+# "fake" exist too but are not for GPUs in production).
+ENGINE_CONNECTORS: dict[str, tuple[str, ...]] = {
+    "vllm": ("nixl", "mooncake", "lmcache", "p2p-nccl"),
+    "sglang": ("mooncake", "nixl"),
+}
+GPU_RESOURCE = "nvidia.com/gpu"
+# Children append at most "-prefill-headless" (17 characters) to the name, and a Service name must be a
+# DNS-1035 label of at most 63 characters.
+MAX_DD_NAME_LENGTH = 63 - len("-prefill-headless")
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One CEL rule as the CRD's x-kubernetes-validations wants it."""
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+class HuggingFaceSource(ApiModel):
+    """Download the model from the Hugging Face Hub at start-up."""
+
+    id: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[A-Za-z0-9][-._A-Za-z0-9]*(/[-._A-Za-z0-9]+)?$",
+        description="Hugging Face repository id, e.g. meta-llama/Llama-3.1-70B-Instruct.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="Branch, tag or commit to load."
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding a Hugging Face token (gated models); exposed as HF_TOKEN.",
+    )
+
+
+class PvcSource(ApiModel):
+    """Load the model from a PersistentVolumeClaim that already holds the weights."""
+
+    claim_name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Name of the PersistentVolumeClaim."
+    )
+    path: str = Field(
+        default="",
+        max_length=1024,
+        pattern=r"^[^/].*$|^$",
+        description="Directory of the model inside the volume (relative; empty for the volume root).",
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the weights come from: exactly one of huggingFace or pvc."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "(has(self.huggingFace) ? 1 : 0) + (has(self.pvc) ? 1 : 0) == 1",
+                    "spec.model.source: set exactly one of huggingFace or pvc",
+                )
+            ]
+        }
+    )
+
+    hugging_face: HuggingFaceSource | None = Field(default=None, description="A Hugging Face Hub repository.")
+    pvc: PvcSource | None = Field(default=None, description="A PersistentVolumeClaim holding the weights.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.hugging_face is None) == (self.pvc is None):
+            raise ValueError("spec.model.source: set exactly one of huggingFace or pvc")
+        return self
+
+
+class ModelSpec(ApiModel):
+    """The model to serve."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="The model's name, e.g. meta-llama/Llama-3.1-70B-Instruct. Served under this name "
+        "unless servedName is set.",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="Name clients put in the OpenAI 'model' field (default: name).",
+    )
+    source: ModelSource = Field(description="Where the weights come from (exactly one source).")
+    max_model_len: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="Maximum context length in tokens (engine default)."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+        default=None, description="Weight and activation data type (engine default: auto)."
+    )
+    quantization: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[a-z0-9_-]+$",
+        description="Quantization method passed to the engine, e.g. fp8, awq, gptq.",
+    )
+
+    @property
+    def served(self) -> str:
+        return self.served_name or self.name
+
+
+# --------------------------------------------------------------------------------------------- engine
+
+
+class EngineSpec(ApiModel):
+    """The inference engine both pools run."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.type == oldSelf.type",
+                    "spec.engine.type is immutable: create a new DisaggregatedDeployment to change engines",
+                    ".type",
+                )
+            ]
+        }
+    )
+
+    type: Engine = Field(description="Inference engine: vllm or sglang. Immutable.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Engine container image (default: a pinned official image per engine).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy of the engine containers."
+    )
+    args: ArgList = Field(
+        default_factory=list, description="Extra engine arguments for both pools (appended after ours)."
+    )
+    env: EnvList = Field(default_factory=list, description="Extra environment variables for both pools.")
+
+
+# ------------------------------------------------------------------------------------------ kv transfer
+
+
+class KVTransferSpec(ApiModel):
+    """How the prefill pool hands KV caches to the decode pool."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.bootstrapPort != self.sideChannelPort",
+                    "spec.kvTransfer.bootstrapPort and spec.kvTransfer.sideChannelPort must differ",
+                    ".sideChannelPort",
+                )
+            ]
+        }
+    )
+
+    connector: Connector = Field(
+        description="KV connector: nixl, mooncake, lmcache or p2p-nccl for vLLM; mooncake or nixl for SGLang."
+    )
+    rdma_device: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[-_.,:A-Za-z0-9]+$",
+        description="RDMA device(s) to use, e.g. mlx5_0 or mlx5_0,mlx5_1 (SGLang "
+        "--disaggregation-ib-device, Mooncake device_name, UCX_NET_DEVICES for NIXL).",
+    )
+    buffer_size: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?$",
+        description="KV transfer buffer size as a quantity, e.g. 8Gi (vLLM kv_buffer_size for p2p-nccl, "
+        "LMCache pd_buffer_size).",
+    )
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description="vLLM kv_load_failure_policy: what decode does when a KV load fails: recompute the "
+        "prefill locally, or fail the request.",
+    )
+    bootstrap_port: int = Field(
+        default=8998,
+        ge=1024,
+        le=65535,
+        description="Bootstrap port the prefill pods serve (Mooncake for vLLM and SGLang; SGLang NIXL).",
+    )
+    side_channel_port: int = Field(
+        default=5600,
+        ge=1024,
+        le=65535,
+        description="NIXL side-channel port of vLLM pods (VLLM_NIXL_SIDE_CHANNEL_PORT).",
+    )
+    extra_config: FreeFormObject | None = Field(
+        default=None,
+        description="Extra connector settings merged into vLLM's kv_connector_extra_config.",
+    )
+
+
+# ------------------------------------------------------------------------------------------------ roles
+
+
+class RoleSpec(ApiModel):
+    """One pool of engine replicas (prefill or decode)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    f"!has(self.resources) || !has(self.resources.limits) || "
+                    f"!('{GPU_RESOURCE}' in self.resources.limits) || "
+                    f"string(self.resources.limits['{GPU_RESOURCE}']) == string(self.tensorParallelSize)",
+                    f"resources.limits['{GPU_RESOURCE}'] must equal tensorParallelSize (GPUs per replica)",
+                    ".resources.limits",
+                ),
+                _rule(
+                    f"!has(self.resources) || !has(self.resources.requests) || "
+                    f"!('{GPU_RESOURCE}' in self.resources.requests) || "
+                    f"string(self.resources.requests['{GPU_RESOURCE}']) == string(self.tensorParallelSize)",
+                    f"resources.requests['{GPU_RESOURCE}'] must equal tensorParallelSize (GPUs per replica)",
+                    ".resources.requests",
+                ),
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Replicas when autoscaling is off, and the starting point when it is on.",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel size: GPUs per replica."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description=f"Engine container resources. {GPU_RESOURCE} is set to tensorParallelSize; if given "
+        "it must equal it.",
+    )
+    node_selector: StringMap | None = Field(
+        default=None,
+        description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.",
+    )
+    tolerations: FreeFormList | None = Field(default=None, description="Pod tolerations (Kubernetes form).")
+    affinity: FreeFormObject | None = Field(default=None, description="Pod affinity (Kubernetes form).")
+    args: ArgList = Field(default_factory=list, description="Extra engine arguments for this pool only.")
+    env: EnvList = Field(default_factory=list, description="Extra environment variables for this pool only.")
+    pod_template: FreeFormObject | None = Field(
+        default=None,
+        description="Pod template override ({metadata, spec}) deep-merged over the rendered pod template, "
+        "for what the fields above don't cover. Containers merge by name.",
+    )
+    shutdown_timeout_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        description="Seconds a stopping engine drains in-flight requests (vLLM --shutdown-timeout).",
+    )
+    pre_stop_sleep_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=300,
+        description="Seconds the preStop hook waits so routers stop sending before SIGTERM.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="How long a replica may take to load the model before it is restarted.",
+    )
+    max_unavailable: int = Field(
+        default=1, ge=0, le=1000, description="PodDisruptionBudget maxUnavailable for this pool."
+    )
+
+    @model_validator(mode="after")
+    def _gpus_match_tp(self) -> Self:
+        if self.resources is None:
+            return self
+        for kind in ("limits", "requests"):
+            values = getattr(self.resources, kind) or {}
+            if GPU_RESOURCE in values and str(values[GPU_RESOURCE]) != str(self.tensor_parallel_size):
+                raise ValueError(
+                    f"resources.{kind}['{GPU_RESOURCE}'] ({values[GPU_RESOURCE]}) must equal "
+                    f"tensorParallelSize ({self.tensor_parallel_size}): GPUs per replica"
+                )
+        return self
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size
+
+
+# ----------------------------------------------------------------------------------------------- router
+
+
+class RouterSpec(ApiModel):
+    """The request router in front of both pools (OpenAI-compatible API)."""
+
+    replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Router image (default: the SGLang image for sglang, the vLLM router for vllm).",
+    )
+    args: ArgList = Field(default_factory=list, description="Extra router arguments.")
+    env: EnvList = Field(default_factory=list, description="Extra router environment variables.")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Type of the router Service."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Port of the router Service and container.")
+    resources: ResourceRequirements | None = Field(default=None, description="Router container resources.")
+    node_selector: StringMap | None = Field(default=None, description="Node labels the router requires.")
+    tolerations: FreeFormList | None = Field(default=None, description="Router pod tolerations.")
+
+
+# ------------------------------------------------------------------------------------------ autoscaling
+
+
+class ReplicaBounds(ApiModel):
+    """Replica bounds of one pool under autoscaling."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.minReplicas <= self.maxReplicas",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas the autoscaler keeps.")
+    max_replicas: int = Field(default=8, ge=0, le=1000, description="Most replicas the autoscaler allows.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must not exceed maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+    def clamp(self, value: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, value))
+
+
+class AutoscalingSpec(ApiModel):
+    """Ratio autoscaling: a RatioPolicy decides prefill and decode replicas together."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "!self.enabled || has(self.policyRef)",
+                    "spec.autoscaling.policyRef is required when spec.autoscaling.enabled is true",
+                    ".policyRef",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Whether the ratio autoscaler manages replicas.")
+    policy_ref: LocalObjectReference | None = Field(
+        default=None, description="The RatioPolicy (same namespace) that decides."
+    )
+    prefill: ReplicaBounds | None = Field(default=None, description="Prefill replica bounds.")
+    decode: ReplicaBounds | None = Field(default=None, description="Decode replica bounds.")
+    max_gpus: int | None = Field(
+        default=None,
+        alias="maxGPUs",
+        ge=1,
+        le=100_000,
+        description="Most GPUs both pools may use together.",
+    )
+
+    @model_validator(mode="after")
+    def _policy_when_enabled(self) -> Self:
+        if self.enabled and self.policy_ref is None:
+            raise ValueError("spec.autoscaling.policyRef is required when spec.autoscaling.enabled is true")
+        return self
+
+    def bounds(self, role: RoleName) -> ReplicaBounds | None:
+        return self.prefill if role == "prefill" else self.decode
+
+
+# ------------------------------------------------------------------------------------------------- spec
+
+
+def _within_bounds_rule(role: RoleName) -> dict[str, Any]:
+    return _rule(
+        f"!has(self.autoscaling) || !has(self.autoscaling.{role}) || "
+        f"(self.{role}.replicas >= self.autoscaling.{role}.minReplicas && "
+        f"self.{role}.replicas <= self.autoscaling.{role}.maxReplicas)",
+        f"spec.{role}.replicas must lie within spec.autoscaling.{role}.minReplicas and maxReplicas",
+        f".{role}.replicas",
+    )
+
+
+def _min_footprint(role: RoleName) -> str:
+    return (
+        f"(has(self.autoscaling.{role}) ? self.autoscaling.{role}.minReplicas : self.{role}.replicas)"
+        f" * self.{role}.tensorParallelSize"
+    )
+
+
+class DisaggregatedDeploymentSpec(ApiModel):
+    """Desired state: the model, the engine, the KV connector, both pools and the router."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.engine.type != 'sglang' || self.kvTransfer.connector in ['mooncake', 'nixl']",
+                    "spec.kvTransfer.connector: SGLang supports only the mooncake and nixl connectors",
+                    ".kvTransfer.connector",
+                ),
+                _within_bounds_rule("prefill"),
+                _within_bounds_rule("decode"),
+                _rule(
+                    "!has(self.autoscaling) || !has(self.autoscaling.maxGPUs) || "
+                    f"self.autoscaling.maxGPUs >= {_min_footprint('prefill')} + {_min_footprint('decode')}",
+                    "spec.autoscaling.maxGPUs is below the GPUs the minimum replicas of both pools need",
+                    ".autoscaling.maxGPUs",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(description="The inference engine.")
+    kv_transfer: KVTransferSpec = Field(description="How KV caches move from prefill to decode.")
+    prefill: RoleSpec = Field(
+        default_factory=RoleSpec, description="The prefill pool.", json_schema_extra={"default": {}}
+    )
+    decode: RoleSpec = Field(
+        default_factory=RoleSpec, description="The decode pool.", json_schema_extra={"default": {}}
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec,
+        description="The router in front of both pools.",
+        json_schema_extra={"default": {}},
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None, description="Ratio autoscaling (off unless enabled)."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
+        allowed = ENGINE_CONNECTORS[self.engine.type]
+        if self.kv_transfer.connector not in allowed:
+            raise ValueError(
+                f"spec.kvTransfer.connector: {self.engine.type} supports only the "
+                f"{' and '.join(allowed) if len(allowed) == 2 else ', '.join(allowed)} connectors, "
+                f"not {self.kv_transfer.connector}"
+            )
+        if self.kv_transfer.bootstrap_port == self.kv_transfer.side_channel_port:
+            raise ValueError("spec.kvTransfer.bootstrapPort and spec.kvTransfer.sideChannelPort must differ")
+        if self.autoscaling is None:
+            return self
+        for role in ROLE_NAMES:
+            bounds = self.autoscaling.bounds(role)
+            replicas = self.role(role).replicas
+            if bounds is not None and not bounds.min_replicas <= replicas <= bounds.max_replicas:
+                raise ValueError(
+                    f"spec.{role}.replicas ({replicas}) must lie within spec.autoscaling.{role}.minReplicas "
+                    f"({bounds.min_replicas}) and maxReplicas ({bounds.max_replicas})"
+                )
+        if self.autoscaling.max_gpus is not None:
+            need = sum(self.min_replicas(role) * self.role(role).tensor_parallel_size for role in ROLE_NAMES)
+            if self.autoscaling.max_gpus < need:
+                raise ValueError(
+                    f"spec.autoscaling.maxGPUs ({self.autoscaling.max_gpus}) is below the {need} GPUs the "
+                    "minimum replicas of both pools need"
+                )
+        return self
+
+    def role(self, role: RoleName) -> RoleSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+    def min_replicas(self, role: RoleName) -> int:
+        bounds = self.autoscaling.bounds(role) if self.autoscaling else None
+        return bounds.min_replicas if bounds else self.role(role).replicas
+
+
+# ----------------------------------------------------------------------------------------------- status
+
+
+class RoleStatus(ApiModel):
+    """Observed state of one pool."""
+
+    replicas: int = Field(default=0, ge=0, description="Pods of the pool that exist.")
+    ready: int = Field(default=0, ge=0, description="Pods of the pool that are Ready.")
+    desired: int = Field(default=0, ge=0, description="Replicas the operator applied to the pool.")
+    display: str = Field(
+        default="0/0", max_length=32, description="ready/desired, for kubectl get (e.g. 2/3)."
+    )
+
+    @classmethod
+    def of(cls, desired: int, replicas: int, ready: int) -> RoleStatus:
+        return cls(desired=desired, replicas=replicas, ready=ready, display=f"{ready}/{desired}")
+
+
+def format_ratio(prefill: int, decode: int) -> str:
+    """The P:D ratio as shown in status.ratio, e.g. ``2:3``."""
+    return f"{prefill}:{decode}"
+
+
+class RouterStatus(ApiModel):
+    """Observed state of the router."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="In-cluster URL of the OpenAI-compatible endpoint, e.g. http://NAME-router.NS.svc:8000.",
+    )
+    replicas: int = Field(default=0, ge=0, description="Router pods that exist.")
+    ready: int = Field(default=0, ge=0, description="Router pods that are Ready.")
+
+
+class DesiredReplicas(ApiModel):
+    """Replicas per pool the autoscaler wants the reconciler to apply."""
+
+    prefill: int = Field(ge=0, description="Desired prefill replicas.")
+    decode: int = Field(ge=0, description="Desired decode replicas.")
+
+
+class ScalingDecision(ApiModel):
+    """One decision of the autoscaler."""
+
+    time: str = Field(description="When it was decided (RFC 3339).")
+    prefill: int = Field(ge=0, description="Prefill replicas decided.")
+    decode: int = Field(ge=0, description="Decode replicas decided.")
+    cause: str = Field(max_length=128, description="Primary reason code, e.g. TTFTBreachPrefillQueue.")
+    message: str = Field(default="", max_length=4096, description="Why, for people.")
+
+
+class AutoscalingStatus(ApiModel):
+    """What the autoscaling loop decided (written by it, read by the reconciler)."""
+
+    policy: str | None = Field(default=None, max_length=MAX_NAME_LENGTH, description="The RatioPolicy used.")
+    mode: Literal["active", "advisory"] | None = Field(
+        default=None, description="active: decisions are applied; advisory: only reported."
+    )
+    desired_replicas: DesiredReplicas | None = Field(
+        default=None, description="Replicas per pool the autoscaler wants (applied in active mode)."
+    )
+    last_evaluation_time: str | None = Field(default=None, description="Last evaluation (RFC 3339).")
+    decisions: list[ScalingDecision] = Field(
+        default_factory=list, max_length=10, description="Recent decisions, newest first (at most 10)."
+    )
+
+
+class DisaggregatedDeploymentStatus(ApiModel):
+    """Observed state, written by the operator."""
+
+    # Other writers (kopf's progress storage) may add fields: keep them instead of failing.
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Ready, Progressing and Degraded (plus MetricsAvailable, ScalingActive and "
+        "ScalingLimited under autoscaling).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus | None = Field(default=None, description="The prefill pool.")
+    decode: RoleStatus | None = Field(default=None, description="The decode pool.")
+    ratio: str | None = Field(default=None, max_length=32, description="Desired prefill:decode, e.g. 2:3.")
+    router: RouterStatus | None = Field(default=None, description="The router and its endpoint.")
+    autoscaling: AutoscalingStatus | None = Field(default=None, description="The autoscaler's state.")
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# ----------------------------------------------------------------------------------------------- object
+
+
+class DisaggregatedDeployment(ApiModel):
+    """A model served with prefill and decode disaggregated: a prefill pool, a decode pool and a router."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    f"self.metadata.name.size() <= {MAX_DD_NAME_LENGTH}",
+                    f"metadata.name must be at most {MAX_DD_NAME_LENGTH} characters (child names append "
+                    "-prefill-headless and must fit in 63)",
+                    ".metadata.name",
+                ),
+                _rule(
+                    f"self.metadata.name.matches('{DNS1035_LABEL}')",
+                    "metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting "
+                    "with a letter) because Services are named after it",
+                    ".metadata.name",
+                ),
+            ]
+        }
+    )
+
+    api_version: Literal["disagg.dev/v1alpha1"] = Field(
+        default="disagg.dev/v1alpha1", alias="apiVersion", description="disagg.dev/v1alpha1."
+    )
+    kind: Literal["DisaggregatedDeployment"] = Field(
+        default="DisaggregatedDeployment", description="DisaggregatedDeployment."
+    )
+    metadata: FreeFormObject = Field(default_factory=dict, description="Standard object metadata.")
+    spec: DisaggregatedDeploymentSpec = Field(description="Desired state.")
+    status: DisaggregatedDeploymentStatus | None = Field(default=None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _name(self) -> Self:
+        name = self.metadata.get("name")
+        if name is None:
+            return self
+        if not isinstance(name, str) or len(name) > MAX_DD_NAME_LENGTH:
+            raise ValueError(
+                f"metadata.name must be at most {MAX_DD_NAME_LENGTH} characters (child names append "
+                "-prefill-headless and must fit in 63)"
+            )
+        if not re.match(DNS1035_LABEL, name):
+            raise ValueError(
+                f"metadata.name {name!r} must be a DNS-1035 label (lower case letters, digits and '-', "
+                "starting with a letter) because Services are named after it"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace") or "default")
+
+
+__all__ = [
+    "FREE_FORM_OBJECT",
+    "ROLE_NAMES",
+    "AutoscalingSpec",
+    "AutoscalingStatus",
+    "Connector",
+    "DesiredReplicas",
+    "DisaggregatedDeployment",
+    "DisaggregatedDeploymentSpec",
+    "DisaggregatedDeploymentStatus",
+    "Engine",
+    "EngineSpec",
+    "KVTransferSpec",
+    "ModelSource",
+    "ModelSpec",
+    "ReplicaBounds",
+    "RoleName",
+    "RoleSpec",
+    "RoleStatus",
+    "RouterSpec",
+    "RouterStatus",
+    "ScalingDecision",
+    "format_ratio",
+]
