@@ -141,3 +141,51 @@ class PolicyState:
     last_scale_down: dict[str, float] = field(default_factory=dict)
     limited: dict[str, int] = field(default_factory=dict)  # role -> replica ceiling found by Pending pods
     correction: dict[str, float] = field(default_factory=dict)  # model-based: observed/expected per role
+    limited_since: dict[str, float] = field(default_factory=dict)  # role -> time the ceiling was learned
+    load_history: tuple[tuple[float, float], ...] = ()  # (time, request rate) within the lookahead window
+
+
+@dataclass(frozen=True)
+class RoleBounds:
+    """What the DisaggregatedDeployment allows one pool: replica range and GPUs per replica."""
+
+    min_replicas: int = 1
+    max_replicas: int = 64
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0:
+            raise ValueError(f"min_replicas must be >= 0, got {self.min_replicas}")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
+            )
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
+class ServingProfile:
+    """What the model-based algorithm needs to load a latency model (from the deployment's spec)."""
+
+    model: str
+    gpu: str
+    tp_prefill: int = 1
+    tp_decode: int = 1
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The deployment's autoscaling limits (spec.autoscaling) plus what the model-based algorithm needs."""
+
+    prefill: RoleBounds = RoleBounds()
+    decode: RoleBounds = RoleBounds()
+    max_gpus: int | None = None  # spec.autoscaling.maxGPUs; the policy's gpuBudget may lower it
+    profile: ServingProfile | None = None
+
+    def role(self, role: Role) -> RoleBounds:
+        return self.prefill if role == "prefill" else self.decode

@@ -1,0 +1,303 @@
+"""``decide``: one coordinated prefill:decode decision from one observation. Pure.
+
+An algorithm proposes replicas per role (:mod:`disagg.policy.feedback`, :mod:`disagg.policy.model_based`,
+fixed-ratio here); the common machinery then shapes the proposal, in this order:
+
+1. fail-static: a role whose signals are missing holds its current replicas (never scales down on
+   missing data; reason ``MetricsMissing``);
+2. the deployment's min/max per role;
+3. stabilisation, as the HorizontalPodAutoscaler does it: scale up to the lowest recommendation within
+   the scale-up window, down to the highest within the (longer) scale-down window, so a short spike or
+   dip does not move the pools and a steady load never flaps;
+4. per-step caps per role and direction;
+5. the replica ceiling learned from Pending pods (reason ``ScalingLimited``), lifted after
+   ``pendingBackoffSeconds`` to probe for capacity again;
+6. the GPU budget (the deployment's maxGPUs and the policy's, whichever is lower), split toward the
+   pool whose SLO is breached when it binds (reason ``BudgetClamp``).
+
+In advisory mode the decision is marked ``advisory`` (reported, never applied).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicySpec
+from disagg.policy.feedback import decode_proposal, prefill_proposal
+from disagg.policy.model_based import load_models, model_based_proposal, resolve_profile
+from disagg.policy.proposal import Proposal, RoleProposal
+from disagg.policy.types import (
+    ROLES,
+    Bounds,
+    Decision,
+    Observation,
+    PolicyState,
+    Reason,
+    Recommendation,
+    Role,
+)
+
+_BREACH_CODES = ("TTFTBreach", "ITLBreach", "KVPressure")
+
+
+def propose(
+    obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+) -> Proposal:
+    """The algorithm's raw proposal."""
+    if policy.algorithm is Algorithm.MODEL_BASED:
+        profile = resolve_profile(policy, bounds)
+        if profile is not None:
+            try:
+                models = load_models(profile)
+            except (ValueError, KeyError) as exc:
+                fallback = feedback_proposal(obs, policy, bounds)
+                note = Reason("ModelUnavailable", f"no latency model ({exc}); using slo-feedback")
+                return replace(fallback, prefill=_with_reason(fallback.prefill, note))
+            return model_based_proposal(obs, policy, state, now, bounds, models)
+        fallback = feedback_proposal(obs, policy, bounds)
+        note = Reason("ModelUnavailable", "no model/GPU profile known; using slo-feedback")
+        return replace(fallback, prefill=_with_reason(fallback.prefill, note))
+    if policy.algorithm is Algorithm.FIXED_RATIO:
+        return fixed_ratio_proposal(obs, policy, bounds)
+    return feedback_proposal(obs, policy, bounds)
+
+
+def _with_reason(p: RoleProposal, reason: Reason) -> RoleProposal:
+    return replace(p, reasons=(*p.reasons, reason))
+
+
+def feedback_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> Proposal:
+    return Proposal(prefill_proposal(obs, policy, bounds), decode_proposal(obs, policy, bounds))
+
+
+def fixed_ratio_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> Proposal:
+    """Total capacity in whole units of the fixed ratio: enough units for the neediest role."""
+    ratio = policy.fixed_ratio
+    if ratio is None:
+        raise ValueError("spec.fixedRatio: required when algorithm is fixed-ratio")
+    need = feedback_proposal(obs, policy, bounds)
+    per_unit = {"prefill": ratio.prefill, "decode": ratio.decode}
+    current_units = max(math.ceil(obs.role(r).replicas / per_unit[r]) for r in ROLES)
+    wanted = [
+        math.ceil(p.replicas / per_unit[r])
+        for r, p in zip(ROLES, (need.prefill, need.decode), strict=True)
+        if p.replicas is not None
+    ]
+    held = any(need.role(r).replicas is None for r in ROLES)
+    units = max(wanted) if wanted else current_units
+    if held:
+        units = max(units, current_units)  # fail-static: never shrink on a role's missing data
+    units = max(units, 1)
+    reasons = tuple(x for r in ROLES for x in need.role(r).reasons)
+    breached = {r: need.role(r).breached for r in ROLES}
+    note = Reason("FixedRatio", f"{units} x {ratio.prefill}:{ratio.decode}")
+    return Proposal(
+        RoleProposal(units * ratio.prefill, (*reasons, note), breached["prefill"]),
+        RoleProposal(units * ratio.decode, (), breached["decode"]),
+    )
+
+
+def stabilized(
+    recs: tuple[Recommendation, ...],
+    role: Role,
+    current: int,
+    now: float,
+    up_window: float,
+    down_window: float,
+) -> int:
+    """HPA-style: up to min over the up window, down to max over the down window, else stay.
+
+    ``recs[-1]`` is this evaluation's recommendation; earlier ones count while younger than the window.
+    """
+
+    def pick(r: Recommendation) -> int:
+        return r.prefill if role == "prefill" else r.decode
+
+    def values(window: float) -> list[int]:
+        return [pick(recs[-1])] + [pick(r) for r in recs[:-1] if now - r.time < window]
+
+    up = min(values(up_window))
+    down = max(values(down_window))
+    if current < up:
+        return up
+    if current > down:
+        return down
+    return current
+
+
+def effective_budget(policy: RatioPolicySpec, bounds: Bounds) -> int | None:
+    limits = [b for b in (bounds.max_gpus, policy.gpu_budget.max_gpus if policy.gpu_budget else None) if b]
+    return min(limits) if limits else None
+
+
+def apply_gpu_budget(
+    targets: dict[Role, int], bounds: Bounds, budget: int, breached: dict[Role, bool]
+) -> tuple[dict[Role, int], Reason | None]:
+    """Fit both pools into ``budget`` GPUs, the breached pool first; minimums always kept."""
+    g = {r: bounds.role(r).gpus_per_replica for r in ROLES}
+    mins = {r: bounds.role(r).min_replicas for r in ROLES}
+    total = sum(targets[r] * g[r] for r in ROLES)
+    if total <= budget:
+        return targets, None
+    if sum(mins[r] * g[r] for r in ROLES) > budget:
+        return dict(mins), Reason("BudgetClamp", f"minimum replicas already need more than {budget} GPUs")
+    hot = [r for r in ROLES if breached[r]]
+    out = dict(targets)
+    if len(hot) == 1:
+        p = hot[0]
+        o: Role = "decode" if p == "prefill" else "prefill"
+        fit_o = (budget - targets[p] * g[p]) // g[o]
+        out[o] = max(mins[o], min(targets[o], fit_o))
+        out[p] = max(mins[p], min(targets[p], (budget - out[o] * g[o]) // g[p]))
+        msg = f"{budget} GPUs: {p} (breaching) first, {o} gets the rest"
+    else:
+        scale = budget / total
+        for r in ROLES:
+            out[r] = max(mins[r], math.floor(targets[r] * scale))
+        while sum(out[r] * g[r] for r in ROLES) > budget:  # minimums pushed it over: trim the fullest
+            r = max((x for x in ROLES if out[x] > mins[x]), key=lambda x: out[x] / targets[x])
+            out[r] -= 1
+        while True:  # hand out what is left, to the role furthest below its target
+            left = budget - sum(out[r] * g[r] for r in ROLES)
+            short = [r for r in ROLES if out[r] < targets[r] and g[r] <= left]
+            if not short:
+                break
+            r = max(short, key=lambda x: (targets[x] - out[x]) / targets[x])
+            out[r] += 1
+        msg = f"{budget} GPUs split in proportion to need"
+    return out, Reason("BudgetClamp", f"GPU budget binds ({total} wanted): {msg}")
+
+
+def learn_ceiling(
+    obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+) -> tuple[dict[str, int], dict[str, float]]:
+    """The replica ceiling per role learned from Pending pods, and when it was learned."""
+    limited, since = dict(state.limited), dict(state.limited_since)
+    for role in ROLES:
+        ro = obs.role(role)
+        if ro.pending > 0 and ro.replicas > 0:
+            ceiling = max(ro.replicas - ro.pending, bounds.role(role).min_replicas)
+            if (
+                role not in limited
+                or ceiling < limited[role]
+                or now - since[role] >= policy.pending_backoff_seconds
+            ):
+                limited[role], since[role] = ceiling, now
+        elif role in limited and now - since.get(role, now) >= policy.pending_backoff_seconds:
+            del limited[role]
+            since.pop(role, None)
+    return limited, since
+
+
+def decide(
+    observation: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+) -> tuple[Decision, PolicyState]:
+    """Target replicas for both pools with every reason, and the state to carry to the next call."""
+    proposal = propose(observation, policy, state, now, bounds)
+    current: dict[Role, int] = {r: observation.role(r).replicas for r in ROLES}
+    algo_reasons = [x for r in ROLES for x in proposal.role(r).reasons]
+    machine_reasons: list[Reason] = []
+
+    raw: dict[Role, int] = {}
+    for role in ROLES:
+        p = proposal.role(role)
+        wish = current[role] if p.replicas is None else p.replicas
+        raw[role] = bounds.role(role).clamp(wish)
+
+    windows = (
+        float(policy.scale_up.stabilization_window_seconds),
+        float(policy.scale_down.stabilization_window_seconds),
+    )
+    keep = max(windows)
+    # With no history (first evaluation, operator restart) the present allocation stands for the past
+    # windows: a scale-down must wait out the window rather than act on one sample.
+    past = state.recommendations or (Recommendation(now, current["prefill"], current["decode"]),)
+    recs = (
+        *tuple(r for r in past if now - r.time <= keep),
+        Recommendation(now, raw["prefill"], raw["decode"]),
+    )
+
+    targets: dict[Role, int] = {}
+    for role in ROLES:
+        cur, rb = current[role], bounds.role(role)
+        t = stabilized(recs, role, cur, now, windows[0], windows[1])
+        if t != raw[role] and raw[role] != cur:
+            machine_reasons.append(
+                Reason(
+                    "Stabilizing",
+                    f"{role} held at {t} (wants {raw[role]}) within the stabilisation window",
+                    role,
+                )
+            )
+        up_cap, down_cap = policy.scale_up.max_step.of(role), policy.scale_down.max_step.of(role)
+        capped = min(max(t, cur - down_cap), cur + up_cap)
+        if capped != t:
+            machine_reasons.append(Reason("StepCapped", f"{role} step limited to {capped - cur:+d}", role))
+        targets[role] = rb.clamp(capped)
+
+    limited, since = learn_ceiling(observation, policy, state, now, bounds)
+    for role in ROLES:
+        if role in limited and targets[role] > limited[role]:
+            machine_reasons.append(
+                Reason(
+                    "ScalingLimited", f"{role} pods stay Pending; holding at {limited[role]} replicas", role
+                )
+            )
+            targets[role] = limited[role]
+
+    budget = effective_budget(policy, bounds)
+    if budget is not None:
+        breached: dict[Role, bool] = {r: proposal.role(r).breached for r in ROLES}
+        targets, budget_reason = apply_gpu_budget(targets, bounds, budget, breached)
+        if budget_reason is not None:
+            machine_reasons.append(budget_reason)
+
+    changed = any(targets[r] != current[r] for r in ROLES)
+    reasons = _order(algo_reasons, machine_reasons, changed)
+    last_up, last_down = dict(state.last_scale_up), dict(state.last_scale_down)
+    for role in ROLES:
+        if targets[role] > current[role]:
+            last_up[role] = now
+        elif targets[role] < current[role]:
+            last_down[role] = now
+    rate = observation.request_rate
+    history = tuple(
+        (t, r)
+        for t, r in state.load_history
+        if now - t <= max(policy.model_based.lookahead_seconds, 4 * policy.evaluation_interval_seconds)
+    ) + (((now, rate.value),) if rate.ok and rate.value is not None else ())
+    new_state = PolicyState(
+        recommendations=recs,
+        last_scale_up=last_up,
+        last_scale_down=last_down,
+        limited=limited,
+        correction=proposal.correction or dict(state.correction),
+        limited_since=since,
+        load_history=history,
+    )
+    decision = Decision(
+        time=now,
+        prefill=targets["prefill"],
+        decode=targets["decode"],
+        reasons=reasons,
+        changed=changed,
+        advisory=policy.mode is Mode.ADVISORY,
+    )
+    return decision, new_state
+
+
+def _order(algo: list[Reason], machine: list[Reason], changed: bool) -> tuple[Reason, ...]:
+    """Breaches first, then missing data, then the rest; a Steady reason when nothing else is said."""
+
+    def rank(r: Reason) -> int:
+        if r.code.startswith(_BREACH_CODES):
+            return 0
+        if r.code in ("MetricsMissing", "ScalingLimited", "BudgetClamp"):
+            return 1
+        return 2
+
+    out = sorted([*algo, *machine], key=rank)
+    if not out:
+        out = [Reason("Steady" if not changed else "Rebalance", "latencies within the tolerance band")]
+    return tuple(out)

@@ -1,0 +1,208 @@
+"""The ``slo-feedback`` algorithm: scale the bottleneck the latencies point at, shrink only when the
+survivors would still meet the SLO. Also the load side of ``fixed-ratio``. Pure.
+
+TTFT as users feel it in P/D is the prefill engine's share (queue + prefill, what the prefill engine's
+own TTFT measures, since it returns after the first token) plus the decode side (KV transfer + the
+first decode step). A TTFT breach is attributed to the side holding the larger share; an ITL breach or
+KV-cache pressure to decode.
+
+Scale-up is proportional to the latency/target ratio (at least one replica, at most doubling per
+evaluation; the per-step caps and stabilisation windows then shape it). Scale-down proves its safety
+with a small queueing model calibrated on the present: a pool of ``n`` replicas whose estimated busy
+fraction is ``rho`` shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and the
+predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from disagg.api.ratiopolicy import RatioPolicySpec
+from disagg.policy.proposal import RoleProposal
+from disagg.policy.types import Bounds, Measured, Observation, Reason, RoleBounds
+
+MAX_UP_FACTOR = 2.0  # at most double a pool per evaluation from the latency ratio alone
+
+
+@dataclass(frozen=True)
+class Band:
+    """The tolerance band around a latency target."""
+
+    target: float
+    tolerance: float
+
+    def ratio(self, value: float) -> float:
+        return value / self.target
+
+    def breached(self, value: float) -> bool:
+        return value > self.target * (1.0 + self.tolerance)
+
+    def comfortable(self, value: float) -> bool:
+        return value < self.target * (1.0 - self.tolerance)
+
+    @property
+    def ceiling_after_shrink(self) -> float:
+        return self.target * (1.0 - self.tolerance)
+
+
+def _val(m: Measured) -> float | None:
+    return m.value if m.ok else None
+
+
+def is_idle(obs: Observation) -> bool:
+    """No traffic arriving (a measured zero rate, not a missing one)."""
+    rate = _val(obs.request_rate)
+    return rate is not None and rate <= 0.0
+
+
+def grow(n: int, ratio: float) -> int:
+    """Replicas after a breach with latency/target ``ratio``: proportional, >= n+1, <= 2n."""
+    base = max(n, 1)
+    return max(base + 1, math.ceil(base * min(ratio, MAX_UP_FACTOR)))
+
+
+def prefill_side_ttft(obs: Observation) -> float | None:
+    """The prefill engine's share of TTFT: its queue time plus its prefill time."""
+    q, c = _val(obs.prefill.queue_time), _val(obs.prefill.compute_time)
+    if q is None or c is None:
+        return None
+    return q + c
+
+
+def smallest_safe_prefill(
+    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds
+) -> tuple[int, str] | None:
+    """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
+
+    Busy fraction rho = arrival rate x prefill time / n; the prefill share is modelled as S / (1 - rho)
+    (M/M/1 sojourn), scaled by how the present observation compares with that model.
+    """
+    rate, s, ttft = _val(obs.request_rate), _val(obs.prefill.compute_time), _val(obs.ttft)
+    side = prefill_side_ttft(obs)
+    if rate is None or s is None or ttft is None or side is None or n <= 0:
+        return None
+    rho = rate * s / n
+    if rho >= 1.0:
+        return None
+    decode_side = max(ttft - side, 0.0)
+    calibration = max(side / (s / (1.0 - rho)), 1.0) if s > 0 else 1.0
+    best: tuple[int, str] | None = None
+    for m in range(n - 1, rb.min_replicas - 1, -1):
+        if m <= 0:
+            break
+        rho_m = rho * n / m
+        if rho_m >= util_cap:
+            break
+        predicted = decode_side + calibration * s / (1.0 - rho_m)
+        if predicted > band.ceiling_after_shrink:
+            break
+        best = (m, f"predicted TTFT {predicted:.3f}s at busy fraction {rho_m:.2f} with {m} replicas")
+    return best
+
+
+def smallest_safe_decode(
+    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds
+) -> tuple[int, str] | None:
+    """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
+
+    With the same requests on fewer replicas, batch per replica grows by n/m; ITL is taken to grow at
+    most linearly with the batch (an upper bound: the fixed part of a step does not grow), KV usage
+    linearly.
+    """
+    itl = _val(obs.itl)
+    if itl is None or n <= 0:
+        return None
+    kv = _val(obs.decode.kv_usage)
+    best: tuple[int, str] | None = None
+    for m in range(n - 1, rb.min_replicas - 1, -1):
+        if m <= 0:
+            break
+        scale = n / m
+        predicted = itl * scale
+        if predicted > band.ceiling_after_shrink:
+            break
+        if kv is not None and kv * scale > util_cap:
+            break
+        best = (m, f"predicted ITL <= {predicted * 1000:.1f}ms with {m} replicas")
+    return best
+
+
+def prefill_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> RoleProposal:
+    n = obs.prefill.replicas
+    band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
+    if is_idle(obs):
+        return RoleProposal(
+            bounds.prefill.min_replicas, (Reason("IdleShrink", "no requests arriving", "prefill"),)
+        )
+    ttft = _val(obs.ttft)
+    if ttft is None:
+        return RoleProposal(
+            None, (Reason("MetricsMissing", f"TTFT is {obs.ttft.state.value}; holding", "prefill"),)
+        )
+    side = prefill_side_ttft(obs)
+    if band.breached(ttft):
+        if side is not None and (ttft - side) > side:
+            return RoleProposal(n)  # the decode side dominates TTFT: decode grows instead
+        q, c = _val(obs.prefill.queue_time), _val(obs.prefill.compute_time)
+        code = "TTFTBreachPrefillQueue" if (q is None or c is None or q >= c) else "TTFTBreachPrefillCompute"
+        target = grow(n, band.ratio(ttft))
+        msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
+        return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
+    if band.comfortable(ttft):
+        safe = smallest_safe_prefill(obs, n, band, policy.feedback.target_utilization, bounds.prefill)
+        if safe is not None:
+            return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "prefill"),))
+    return RoleProposal(n)
+
+
+def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> RoleProposal:
+    n = obs.decode.replicas
+    band = Band(policy.slo.itl.target_seconds, policy.tolerance)
+    ttft_band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
+    if is_idle(obs):
+        return RoleProposal(
+            bounds.decode.min_replicas, (Reason("IdleShrink", "no requests arriving", "decode"),)
+        )
+    reasons: list[Reason] = []
+    target: int | None = None
+    breached = False
+    itl = _val(obs.itl)
+    kv = _val(obs.decode.kv_usage)
+    if itl is not None and band.breached(itl):
+        target = grow(n, band.ratio(itl))
+        breached = True
+        reasons.append(
+            Reason(
+                "ITLBreach",
+                f"ITL p{policy.slo.itl.percentile:g} {itl * 1000:.1f}ms > target {band.target * 1000:.1f}ms",
+                "decode",
+            )
+        )
+    if kv is not None and kv >= policy.feedback.kv_usage_high:
+        kv_target = max(n + 1, math.ceil(n * kv / policy.feedback.target_utilization))
+        target = max(target or 0, kv_target)
+        breached = True
+        reasons.append(Reason("KVPressure", f"decode KV-cache usage {kv:.2f}", "decode"))
+    ttft, side = _val(obs.ttft), prefill_side_ttft(obs)
+    if ttft is not None and side is not None and ttft_band.breached(ttft) and (ttft - side) > side:
+        target = max(target or 0, grow(n, ttft_band.ratio(ttft)))
+        breached = True
+        reasons.append(
+            Reason(
+                "TTFTBreachTransferDecode",
+                f"TTFT {ttft:.3f}s mostly after prefill ({ttft - side:.3f}s transfer + first step)",
+                "decode",
+            )
+        )
+    if target is not None:
+        return RoleProposal(target, tuple(reasons), breached=breached)
+    if itl is None:
+        return RoleProposal(
+            None, (Reason("MetricsMissing", f"ITL is {obs.itl.state.value}; holding", "decode"),)
+        )
+    if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft)):
+        safe = smallest_safe_decode(obs, n, band, policy.feedback.target_utilization, bounds.decode)
+        if safe is not None:
+            return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "decode"),))
+    return RoleProposal(n)

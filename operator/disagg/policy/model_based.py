@@ -1,0 +1,251 @@
+"""The ``model-based`` algorithm: replicas from a capacity model per role, corrected online. Pure.
+
+The capacity model is the twin's latency model (:func:`disagg.twin.latency.load_latency_model`): the
+time of a prefill step for the observed prompt lengths and of a decode step for a batch and context.
+No separate profiling run: the model's expectations are corrected online by the ratio of what the
+engines measure to what the model expects (an exponential moving average per role, like the
+correction factors of Dynamo's SLA planner), so a slower engine, prefix-cache hits or interference show
+up as a correction factor rather than a mis-sized pool.
+
+Prefill: a replica prefills batches of up to ``prefillTokenBudget`` tokens; at the observed mean prompt
+length it serves ``mu`` requests/s. Treating the pool as M/M/1 queues, the p-th percentile of the
+prefill sojourn is ``ln(1/(1-p)) / (mu - lambda)``, so the highest arrival rate per replica that keeps
+the prefill share of TTFT under its budget (the TTFT target less KV transfer and the first decode
+step) is ``mu - ln(1/(1-p)) / budget``. Decode: the largest batch whose step time meets the ITL target
+and whose KV fits; Little's law gives the concurrency (arrival rate x output tokens x step time), and
+the replicas are concurrency / batch. Both use the load planned for ``lookaheadSeconds`` ahead (linear
+trend of the recent request rate, never below now).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from disagg.api.ratiopolicy import RatioPolicySpec
+from disagg.policy.proposal import Proposal, RoleProposal
+from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
+
+CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this range means the profile is wrong, not slow
+MAX_DECODE_BATCH = 1024
+MAX_TREND_FACTOR = 2.0  # the lookahead never plans for more than twice the present load
+
+
+class LatencyModelLike(Protocol):
+    """What the model-based algorithm needs from :class:`disagg.twin.latency.LatencyModel`."""
+
+    kv_capacity_tokens: int
+
+    def prefill_time_s(self, prompt_lens: Sequence[int]) -> float: ...
+
+    def decode_step_time_s(self, batch_size: int, total_context_tokens: int) -> float: ...
+
+    def kv_transfer_time_s(self, tokens: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class RoleModels:
+    prefill: LatencyModelLike
+    decode: LatencyModelLike
+
+
+def resolve_profile(policy: RatioPolicySpec, bounds: Bounds) -> ServingProfile | None:
+    """The deployment's serving profile with the policy's overrides applied; None if unknown."""
+    mb = policy.model_based
+    base = bounds.profile
+    model = mb.model or (base.model if base else None)
+    gpu = mb.gpu or (base.gpu if base else None)
+    if model is None or gpu is None:
+        return None
+    tp_p = mb.tensor_parallel.prefill if mb.tensor_parallel else (base.tp_prefill if base else 1)
+    tp_d = mb.tensor_parallel.decode if mb.tensor_parallel else (base.tp_decode if base else 1)
+    dtype = mb.dtype if mb.dtype != "bf16" or base is None else base.dtype
+    return ServingProfile(model=model, gpu=gpu, tp_prefill=tp_p, tp_decode=tp_d, dtype=dtype)
+
+
+def load_models(profile: ServingProfile) -> RoleModels:
+    """The twin's latency models for both roles (cached by the twin)."""
+    from disagg.twin.latency import load_latency_model  # pure module; imported when first needed
+
+    return RoleModels(
+        prefill=load_latency_model(profile.model, profile.gpu, profile.tp_prefill, profile.dtype),
+        decode=load_latency_model(profile.model, profile.gpu, profile.tp_decode, profile.dtype),
+    )
+
+
+def planned_rate(
+    rate: float, now: float, history: Sequence[tuple[float, float]], lookahead_s: float
+) -> float:
+    """The request rate to plan for: the present, or the linear trend ``lookahead_s`` ahead if higher."""
+    points = [*history, (now, rate)]
+    if len(points) < 3 or lookahead_s <= 0:
+        return rate
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mr = sum(r for _, r in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return rate
+    slope = sum((t - mt) * (r - mr) for t, r in points) / var
+    return min(max(rate, rate + slope * lookahead_s), rate * MAX_TREND_FACTOR if rate > 0 else mr)
+
+
+def _ema(old: float | None, observed: float, weight: float) -> float:
+    lo, hi = CORRECTION_RANGE
+    observed = min(max(observed, lo), hi)
+    return observed if old is None else (1.0 - weight) * old + weight * observed
+
+
+def _v(m: Measured) -> float | None:
+    return m.value if m.ok else None
+
+
+def prefill_rate_per_replica(
+    lm: LatencyModelLike,
+    prompt_mean: float,
+    correction: float,
+    budget_s: float,
+    percentile: float,
+    token_budget: int,
+) -> tuple[float, float]:
+    """(highest arrival rate per replica meeting the budget, service rate mu) for this prompt mean."""
+    length = max(round(prompt_mean), 1)
+    batch = max(token_budget // length, 1)
+    step = lm.prefill_time_s([length] * batch) * correction
+    mu = batch / step
+    tail = math.log(1.0 / (1.0 - percentile / 100.0))
+    return mu - tail / budget_s, mu
+
+
+def decode_batch_at_slo(lm: LatencyModelLike, context: float, itl_target: float, correction: float) -> int:
+    """Largest batch whose decode step meets the ITL target and whose KV fits (0 if even 1 misses)."""
+
+    def ok(b: int) -> bool:
+        tokens = int(b * context)
+        return tokens <= lm.kv_capacity_tokens and lm.decode_step_time_s(b, tokens) * correction <= itl_target
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_DECODE_BATCH and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, MAX_DECODE_BATCH + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def update_corrections(
+    obs: Observation, models: RoleModels, state: PolicyState, weight: float
+) -> dict[str, float]:
+    """Observed / expected latency per role, smoothed. Unchanged where a signal is missing."""
+    corr = dict(state.correction)
+    p90 = _v(obs.prompt_tokens_p90) or _v(obs.prompt_tokens_mean)
+    observed_prefill = _v(obs.prefill.compute_time)
+    if p90 is not None and observed_prefill is not None and p90 > 0:
+        expected = models.prefill.prefill_time_s([int(p90)])
+        if expected > 0:
+            corr["prefill"] = _ema(corr.get("prefill"), observed_prefill / expected, weight)
+    itl = _v(obs.itl)
+    running = _v(obs.decode.running)
+    prompt, out = _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
+    if itl is not None and running is not None and prompt is not None and out is not None:
+        batch = max(round(running / max(obs.decode.replicas, 1)), 1)
+        expected = models.decode.decode_step_time_s(batch, int(batch * (prompt + out / 2)))
+        if expected > 0:
+            corr["decode"] = _ema(corr.get("decode"), itl / expected, weight)
+    return corr
+
+
+def model_based_proposal(
+    obs: Observation,
+    policy: RatioPolicySpec,
+    state: PolicyState,
+    now: float,
+    bounds: Bounds,
+    models: RoleModels,
+) -> Proposal:
+    rate, prompt, out = _v(obs.request_rate), _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
+    corr = update_corrections(obs, models, state, policy.model_based.correction_smoothing)
+    if rate is None or prompt is None or out is None:
+        missing = [
+            name
+            for name, m in (
+                ("request rate", obs.request_rate),
+                ("prompt length", obs.prompt_tokens_mean),
+                ("output length", obs.output_tokens_mean),
+            )
+            if not m.ok
+        ]
+        msg = f"{', '.join(missing)} missing; holding"
+        return Proposal(
+            RoleProposal(None, (Reason("MetricsMissing", msg, "prefill"),)),
+            RoleProposal(None, (Reason("MetricsMissing", msg, "decode"),)),
+            corr,
+        )
+    mb = policy.model_based
+    plan = planned_rate(rate, now, state.load_history, mb.lookahead_seconds)
+    ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
+    c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
+    context = prompt + out / 2.0
+    decode_first = (
+        models.decode.kv_transfer_time_s(int(prompt)) + models.decode.decode_step_time_s(1, int(prompt)) * c_d
+    )
+    budget = max(ttft_t - decode_first, 0.2 * ttft_t)
+    per_replica, mu = prefill_rate_per_replica(
+        models.prefill, prompt, c_p, budget, policy.slo.ttft.percentile, mb.prefill_token_budget
+    )
+    usable = min(per_replica, mu * mb.target_utilization)
+    if plan <= 0:
+        n_p = bounds.prefill.min_replicas
+    elif usable <= 0:
+        n_p = bounds.prefill.max_replicas
+    else:
+        n_p = math.ceil(plan / usable)
+    batch = decode_batch_at_slo(models.decode, context, itl_t, c_d)
+    if plan <= 0:
+        n_d = bounds.decode.min_replicas
+    elif batch == 0:
+        n_d = bounds.decode.max_replicas
+    else:
+        step = models.decode.decode_step_time_s(batch, int(batch * context)) * c_d
+        concurrency = plan * out * step
+        n_d = math.ceil(concurrency / (batch * mb.target_utilization))
+    ttft, itl = _v(obs.ttft), _v(obs.itl)
+    tol = policy.tolerance
+    p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
+    d_breach = itl is not None and itl > itl_t * (1 + tol)
+    if p_breach:
+        n_p = max(n_p, obs.prefill.replicas)  # never shrink a pool that is breaching now
+    if d_breach:
+        n_d = max(n_d, obs.decode.replicas)
+    load = f"{plan:.2f} req/s planned (now {rate:.2f}), prompt {prompt:.0f}, output {out:.0f} tokens"
+    return Proposal(
+        RoleProposal(
+            n_p,
+            (
+                Reason(
+                    "ModelCapacity", f"{load}; {usable:.2f} req/s per prefill replica (x{c_p:.2f})", "prefill"
+                ),
+            ),
+            breached=p_breach,
+        ),
+        RoleProposal(
+            n_d,
+            (
+                Reason(
+                    "ModelCapacity",
+                    f"{load}; batch {batch} per decode replica at ITL target (x{c_d:.2f})",
+                    "decode",
+                ),
+            ),
+            breached=d_breach,
+        ),
+        corr,
+    )

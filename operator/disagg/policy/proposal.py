@@ -1,0 +1,34 @@
+"""What an algorithm proposes for each pool before the common machinery (bounds, stabilisation, caps,
+budget, Pending ceiling) shapes it into a decision. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from disagg.policy.types import Reason, Role
+
+
+@dataclass(frozen=True)
+class RoleProposal:
+    """An algorithm's wish for one pool.
+
+    ``replicas`` None means hold where you are (the signals it needs are missing: fail-static).
+    ``breached`` says the pool's SLO share is being violated now (the GPU budget favours it).
+    """
+
+    replicas: int | None
+    reasons: tuple[Reason, ...] = ()
+    breached: bool = False
+
+
+@dataclass(frozen=True)
+class Proposal:
+    prefill: RoleProposal
+    decode: RoleProposal
+    correction: dict[str, float] = field(default_factory=dict)  # model-based: updated correction factors
+
+    def role(self, role: Role) -> RoleProposal:
+        return self.prefill if role == "prefill" else self.decode
+
+
+HOLD = RoleProposal(None)

@@ -1,0 +1,320 @@
+"""The ratio policy's invariants and each algorithm's direction on canonical situations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from disagg.api.ratiopolicy import RatioPolicySpec
+from disagg.policy import (
+    Bounds,
+    Decision,
+    Measured,
+    Observation,
+    PolicyState,
+    RoleBounds,
+    RoleObservation,
+    ServingProfile,
+    decide,
+)
+from disagg.policy.types import MISSING
+
+
+def spec(**kw: Any) -> RatioPolicySpec:
+    base: dict[str, Any] = {"slo": {"ttft": {"targetSeconds": 1.0}, "itl": {"targetSeconds": 0.05}}}
+    base.update(kw)
+    return RatioPolicySpec.model_validate(base)
+
+
+def obs(
+    t: float = 0.0,
+    p: int = 2,
+    d: int = 4,
+    ttft: float | None = 0.6,
+    itl: float | None = 0.035,
+    rate: float | None = 4.0,
+    queue: float = 0.05,
+    prefill_time: float | None = 0.15,
+    kv: float = 0.5,
+    pending: tuple[int, int] = (0, 0),
+    prompt: float | None = 1000.0,
+    output: float | None = 200.0,
+    running: float | None = 60.0,
+) -> Observation:
+    return Observation(
+        time=t,
+        prefill=RoleObservation(
+            replicas=p,
+            ready=p - pending[0],
+            pending=pending[0],
+            queue_time=Measured.of(queue),
+            compute_time=Measured.of(prefill_time),
+        ),
+        decode=RoleObservation(
+            replicas=d,
+            ready=d - pending[1],
+            pending=pending[1],
+            kv_usage=Measured.of(kv),
+            running=Measured.of(running),
+        ),
+        ttft=Measured.of(ttft),
+        itl=Measured.of(itl),
+        request_rate=Measured.of(rate),
+        prompt_tokens_mean=Measured.of(prompt),
+        prompt_tokens_p90=Measured.of(prompt * 2 if prompt else None),
+        output_tokens_mean=Measured.of(output),
+    )
+
+
+BOUNDS = Bounds(prefill=RoleBounds(1, 16), decode=RoleBounds(1, 16))
+
+
+def run(o: Observation, policy: RatioPolicySpec, state: PolicyState | None = None, bounds: Bounds = BOUNDS):
+    return decide(o, policy, state or PolicyState(), o.time, bounds)
+
+
+def codes(d: Decision) -> set[str]:
+    return {r.code for r in d.reasons}
+
+
+# --- slo-feedback direction ------------------------------------------------------------------------
+
+
+def test_ttft_breach_from_prefill_queue_grows_prefill_only() -> None:
+    d, _ = run(obs(ttft=2.5, queue=2.0, prefill_time=0.3), spec())
+    assert d.prefill > 2 and d.decode == 4
+    assert d.cause == "TTFTBreachPrefillQueue"
+    assert d.changed
+
+
+def test_ttft_breach_after_prefill_grows_decode() -> None:
+    # prefill side 0.2 s of a 2.0 s TTFT: the time goes into KV transfer and the first decode step
+    d, _ = run(obs(ttft=2.0, queue=0.05, prefill_time=0.15), spec())
+    assert d.decode > 4 and d.prefill == 2
+    assert "TTFTBreachTransferDecode" in codes(d)
+
+
+def test_itl_breach_grows_decode() -> None:
+    d, _ = run(obs(itl=0.09), spec())
+    assert d.decode > 4 and d.prefill == 2
+    assert d.cause == "ITLBreach"
+
+
+def test_kv_pressure_grows_decode() -> None:
+    d, _ = run(obs(kv=0.97), spec())
+    assert d.decode > 4
+    assert "KVPressure" in codes(d)
+
+
+def test_surplus_shrinks_only_after_the_scale_down_window() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 120, "maxStep": {"prefill": 1, "decode": 1}})
+    quiet = {"ttft": 0.25, "itl": 0.012, "rate": 1.0, "queue": 0.0, "prefill_time": 0.1, "kv": 0.1}
+    state = PolicyState()
+    # the pools were busy (recommendation = current) until t=0, then the load fell
+    d, state = run(obs(t=0.0), spec(), state)
+    for t in (30.0, 60.0, 90.0):
+        d, state = run(obs(t=t, **quiet), policy, state)
+        assert (d.prefill, d.decode) == (2, 4), t
+    d, state = run(obs(t=150.0, **quiet), policy, state)
+    assert d.decode == 3  # one step down per decision (maxStep 1)
+    assert d.prefill == 1
+
+
+def test_shrink_refused_when_survivors_would_breach() -> None:
+    # TTFT comfortable but the prefill pool is 70% busy: one replica fewer would be 140% busy
+    d, _ = run(
+        obs(ttft=0.5, rate=7.0, prefill_time=0.2, queue=0.1),
+        spec(scaleDown={"stabilizationWindowSeconds": 0}),
+    )
+    assert d.prefill == 2
+
+
+def test_idle_shrinks_to_minimum() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 8, "decode": 8}})
+    d, _ = run(obs(rate=0.0, ttft=None, itl=None), policy)
+    assert (d.prefill, d.decode) == (1, 1)
+    assert "IdleShrink" in codes(d)
+
+
+# --- invariants -------------------------------------------------------------------------------------
+
+
+def test_fail_static_never_scales_down_on_missing_data() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 8, "decode": 8}})
+    o = replace(obs(p=6, d=8), ttft=MISSING, itl=Measured.missing(), request_rate=MISSING)
+    state = PolicyState()
+    for t in range(0, 600, 30):
+        d, state = run(replace(o, time=float(t)), policy, state)
+        assert d.prefill >= 6 and d.decode >= 8
+        assert d.cause == "MetricsMissing"
+        assert not d.changed
+
+
+def test_advisory_marks_every_decision() -> None:
+    d, _ = run(obs(ttft=3.0, queue=2.5), spec(mode="advisory"))
+    assert d.advisory and d.changed and d.prefill > 2
+    d2, _ = run(obs(ttft=3.0, queue=2.5), spec())
+    assert not d2.advisory
+
+
+def test_no_flapping_under_constant_load() -> None:
+    policy = spec()
+    state = PolicyState()
+    p, d_ = 2, 4
+    history = []
+    for t in range(0, 3600, 30):
+        # steady load with measurement noise inside the tolerance band
+        wobble = 0.05 if (t // 30) % 2 else -0.05
+        d, state = run(
+            obs(t=float(t), p=p, d=d_, ttft=0.9 * (1 + wobble), itl=0.048 * (1 + wobble)), policy, state
+        )
+        p, d_ = d.prefill, d.decode
+        history.append((p, d_))
+    assert len(set(history)) == 1
+
+
+def test_scale_up_is_immediate_and_step_capped() -> None:
+    policy = spec(scaleUp={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 2, "decode": 2}})
+    d, _ = run(obs(p=4, ttft=50.0, queue=49.0), policy)
+    assert d.prefill == 6  # wanted 8 (doubling), capped at +2
+    assert "StepCapped" in codes(d)
+
+
+def test_scale_up_window_ignores_a_single_spike() -> None:
+    policy = spec(scaleUp={"stabilizationWindowSeconds": 60, "maxStep": {"prefill": 4, "decode": 4}})
+    state = PolicyState()
+    d, state = run(obs(t=0.0), policy, state)
+    d, state = run(obs(t=30.0, ttft=3.0, queue=2.5), policy, state)
+    assert d.prefill == 2
+    assert "Stabilizing" in codes(d)
+    d, state = run(obs(t=60.0, ttft=3.0, queue=2.5), policy, state)
+    d, state = run(obs(t=90.0, ttft=3.0, queue=2.5), policy, state)
+    assert d.prefill > 2  # sustained for the whole window
+
+
+def test_pending_pods_set_a_ceiling_and_report_scaling_limited() -> None:
+    policy = spec(pendingBackoffSeconds=300)
+    # 6 prefill replicas asked, 2 stay Pending (no GPUs of that type left), TTFT still breached
+    d, state = run(obs(p=6, ttft=3.0, queue=2.5, pending=(2, 0)), policy)
+    assert d.prefill == 4
+    assert "ScalingLimited" in codes(d)
+    assert state.limited["prefill"] == 4
+    d, state = run(obs(t=100.0, p=4, ttft=3.0, queue=2.5), policy, state)
+    assert d.prefill == 4  # no new Pending pods piled up
+    d, state = run(obs(t=400.0, p=4, ttft=3.0, queue=2.5), policy, state)
+    assert d.prefill > 4  # after the back-off it probes for capacity again
+
+
+def test_budget_goes_to_the_breaching_pool() -> None:
+    bounds = Bounds(prefill=RoleBounds(1, 16, gpus_per_replica=2), decode=RoleBounds(1, 16), max_gpus=12)
+    d, _ = run(obs(p=2, d=8, ttft=3.0, queue=2.5), spec(), bounds=bounds)
+    assert d.prefill * 2 + d.decode <= 12
+    assert d.prefill > 2  # prefill breached: it gets GPUs, decode gives some up
+    assert "BudgetClamp" in codes(d)
+
+
+def test_policy_budget_lower_than_deployment_budget_wins() -> None:
+    d, _ = run(obs(p=2, d=4, itl=0.2), spec(gpuBudget={"maxGPUs": 7}))
+    assert d.prefill + d.decode <= 7
+
+
+observations = st.builds(
+    obs,
+    t=st.just(0.0),
+    p=st.integers(1, 12),
+    d=st.integers(1, 12),
+    ttft=st.one_of(st.none(), st.floats(0.01, 30.0)),
+    itl=st.one_of(st.none(), st.floats(0.001, 0.5)),
+    rate=st.one_of(st.none(), st.floats(0.0, 50.0)),
+    queue=st.floats(0.0, 10.0),
+    prefill_time=st.floats(0.01, 2.0),
+    kv=st.floats(0.0, 1.0),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    o=observations,
+    algorithm=st.sampled_from(["slo-feedback", "fixed-ratio", "model-based"]),
+    budget=st.one_of(st.none(), st.integers(4, 30)),
+)
+def test_bounds_and_budget_always_hold(o: Observation, algorithm: str, budget: int | None) -> None:
+    bounds = Bounds(
+        prefill=RoleBounds(1, 10, gpus_per_replica=1),
+        decode=RoleBounds(2, 12, gpus_per_replica=2),
+        max_gpus=budget,
+        profile=ServingProfile("llama-3.1-8b", "h100"),
+    )
+    policy = spec(algorithm=algorithm, fixedRatio={"prefill": 1, "decode": 2})
+    d, state = decide(o, policy, PolicyState(), 0.0, bounds)
+    assert 1 <= d.prefill <= 10 and 2 <= d.decode <= 12
+    if budget is not None and budget >= 1 + 2 * 2:
+        assert d.prefill + 2 * d.decode <= budget
+    assert d.reasons
+    if not o.ttft.ok and not o.itl.ok and not o.request_rate.ok and budget is None:  # fail-static
+        assert d.prefill >= min(o.prefill.replicas, 10) and d.decode >= max(min(o.decode.replicas, 12), 2)
+    assert state.recommendations[-1].time == 0.0
+
+
+# --- fixed-ratio and model-based ---------------------------------------------------------------------
+
+
+def test_fixed_ratio_keeps_the_ratio() -> None:
+    policy = spec(
+        algorithm="fixed-ratio",
+        fixedRatio={"prefill": 1, "decode": 3},
+        scaleUp={"maxStep": {"prefill": 16, "decode": 16}},
+    )
+    d, _ = run(obs(p=2, d=6, itl=0.09), policy)
+    assert d.decode == 3 * d.prefill
+    assert d.prefill > 2
+
+
+MB_BOUNDS = Bounds(
+    prefill=RoleBounds(1, 64), decode=RoleBounds(1, 64), profile=ServingProfile("llama-3.1-8b", "h100")
+)
+
+
+FREE = {
+    "scaleDown": {"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 64, "decode": 64}},
+    "scaleUp": {"maxStep": {"prefill": 64, "decode": 64}},
+}
+
+
+def test_model_based_grows_with_load() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    low, _ = run(obs(rate=2.0), policy, bounds=MB_BOUNDS)
+    high, _ = run(obs(rate=150.0), policy, bounds=MB_BOUNDS)
+    assert high.prefill >= low.prefill and high.decode > low.decode
+    assert "ModelCapacity" in codes(high)
+
+
+def test_model_based_moves_toward_prefill_when_prompts_grow() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    # no latency samples to correct the model with: the model's own capacity decides
+    neutral = {"p": 8, "d": 8, "rate": 40.0, "prefill_time": None, "running": None}
+    chat, _ = run(obs(prompt=300.0, output=300.0, **neutral), policy, bounds=MB_BOUNDS)
+    docs, _ = run(obs(prompt=8000.0, output=100.0, **neutral), policy, bounds=MB_BOUNDS)
+    assert docs.prefill / docs.decode > chat.prefill / chat.decode
+
+
+def test_model_based_correction_follows_observed_latency() -> None:
+    policy = spec(algorithm="model-based")
+    _, fast = run(obs(prefill_time=0.01), policy, bounds=MB_BOUNDS)
+    _, slow = run(obs(prefill_time=0.5), policy, bounds=MB_BOUNDS)
+    assert slow.correction["prefill"] > fast.correction["prefill"]
+
+
+def test_model_based_without_profile_falls_back_to_feedback() -> None:
+    d, _ = run(obs(itl=0.09), spec(algorithm="model-based"))
+    assert d.decode > 4
+    assert "ModelUnavailable" in codes(d)
+
+
+def test_model_based_holds_on_missing_load() -> None:
+    d, _ = run(obs(rate=None, p=5, d=5), spec(algorithm="model-based"), bounds=MB_BOUNDS)
+    assert (d.prefill, d.decode) == (5, 5)
+    assert d.cause == "MetricsMissing"
