@@ -12,8 +12,6 @@ class ControllerSettings:
     field_manager: str = FIELD_MANAGER
     # Safety net: every DisaggregatedDeployment is re-reconciled this often even if no watch event came.
     resync_interval_s: float = 60.0
-    # A resync timer only fires after the object has been quiet this long (avoids piling onto a rollout).
-    resync_idle_s: float = 10.0
     # Delay before kopf retries a reconcile that failed for a transient reason (API server hiccup).
     retry_delay_s: float = 5.0
     # Timeout of each API request the reconciler makes.

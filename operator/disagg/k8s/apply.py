@@ -79,6 +79,19 @@ def is_owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
 
 
+def controller_owner(obj: Mapping[str, Any], kind: str, api_group: str) -> tuple[str, str] | None:
+    """(namespace, name) of the object's controller when it is a ``kind`` of ``api_group``, else None."""
+    metadata = obj.get("metadata") or {}
+    for ref in metadata.get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == kind
+            and str(ref.get("apiVersion", "")).startswith(f"{api_group}/")
+        ):
+            return str(metadata.get("namespace", "")), str(ref.get("name"))
+    return None
+
+
 def child_key(obj: Mapping[str, Any]) -> ChildKey:
     return str(obj["kind"]), str(obj["metadata"]["name"])
 

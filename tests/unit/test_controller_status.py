@@ -1,0 +1,174 @@
+"""The reconciler's pure parts: status from children, condition transitions, the per-object gate."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from disagg.controller.gate import ReconcileGate
+from disagg.controller.status import (
+    Problem,
+    RoleState,
+    build_status,
+    role_state,
+    set_condition,
+    status_differs,
+)
+from disagg.k8s.apply import controller_owner, owner_reference, with_owner
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def deployment(
+    desired: int, ready: int, generation: int = 2, observed: int = 2, **status: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": desired},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": status.get("replicas", desired),
+            "updatedReplicas": status.get("updated", desired),
+            "readyReplicas": ready,
+            "conditions": status.get("conditions", []),
+        },
+    }
+
+
+def states(prefill: RoleState | None, decode: RoleState | None, router: RoleState | None) -> dict[str, Any]:
+    return {"prefill": prefill, "decode": decode, "router": router}
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_role_state_rolled_out_only_when_observed_updated_and_ready() -> None:
+    done = role_state(deployment(2, 2))
+    assert done is not None and done.rolled_out and (done.desired, done.ready) == (2, 2)
+    stale = role_state(deployment(2, 2, generation=3, observed=2))
+    assert stale is not None and not stale.rolled_out
+    surging = role_state(deployment(2, 2, replicas=3))
+    assert surging is not None and not surging.rolled_out
+    assert role_state(None) is None
+
+
+def test_role_state_reports_a_stuck_rollout() -> None:
+    stuck = deployment(
+        2,
+        0,
+        conditions=[{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}],
+    )
+    state = role_state(stuck)
+    assert state is not None and state.failure is not None and "ProgressDeadlineExceeded" in state.failure
+
+
+def test_ready_status_fills_roles_ratio_router_and_conditions() -> None:
+    ready = role_state(deployment(2, 2))
+    decode = role_state(deployment(3, 3))
+    status = build_status({}, 4, states(ready, decode, ready), "http://x-router.ns.svc:8000", None, T0)
+    assert status["observedGeneration"] == 4
+    assert status["prefill"] == {"replicas": 2, "ready": 2, "desired": 2, "display": "2/2"}
+    assert status["decode"]["display"] == "3/3"
+    assert status["ratio"] == "2:3"
+    assert status["router"]["endpoint"] == "http://x-router.ns.svc:8000"
+    assert condition(status, "Ready")["status"] == "True"
+    assert condition(status, "Progressing")["status"] == "False"
+    assert condition(status, "Degraded")["status"] == "False"
+    assert all(c["observedGeneration"] == 4 for c in status["conditions"])
+
+
+def test_not_ready_while_a_role_is_rolling_out() -> None:
+    status = build_status(
+        {}, 1, states(role_state(deployment(2, 1)), role_state(deployment(1, 1)), None), None, None, T0
+    )
+    ready = condition(status, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ReplicasNotReady"
+    assert "prefill 1/2 ready" in ready["message"] and "router missing" in ready["message"]
+    assert condition(status, "Progressing")["status"] == "True"
+
+
+def test_problem_degrades_and_blocks_progress() -> None:
+    problem = Problem("InvalidSpec", "spec.prefill.replicas: must be >= 0")
+    status = build_status({}, 7, states(None, None, None), None, problem, T0)
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "spec.prefill.replicas" in degraded["message"]
+    assert condition(status, "Ready")["reason"] == "InvalidSpec"
+    assert condition(status, "Progressing")["reason"] == "Blocked"
+
+
+def test_last_transition_time_moves_only_when_status_flips() -> None:
+    first = set_condition([], "Ready", False, "ReplicasNotReady", "0/1", 1, T0)
+    same = set_condition(first, "Ready", False, "ReplicasNotReady", "still 0/1", 2, T1)
+    assert same[0]["lastTransitionTime"] == T0 and same[0]["message"] == "still 0/1"
+    flipped = set_condition(same, "Ready", True, "AllReplicasReady", "1/1", 2, T1)
+    assert flipped[0]["lastTransitionTime"] == T1
+
+
+def test_other_writers_conditions_and_fields_survive() -> None:
+    current = {
+        "conditions": [{"type": "MetricsAvailable", "status": "True", "reason": "Ok", "message": ""}],
+        "autoscaling": {"desiredReplicas": {"prefill": 1, "decode": 2}},
+    }
+    status = build_status(current, 1, states(None, None, None), None, None, T0)
+    assert status["autoscaling"] == current["autoscaling"]
+    assert {c["type"] for c in status["conditions"]} == {
+        "MetricsAvailable",
+        "Ready",
+        "Progressing",
+        "Degraded",
+    }
+
+
+def test_unchanged_status_is_not_rewritten() -> None:
+    roles = states(role_state(deployment(1, 1)), role_state(deployment(1, 1)), role_state(deployment(1, 1)))
+    first = build_status({}, 1, roles, None, None, T0)
+    again = build_status(first, 1, roles, None, None, T1)
+    assert not status_differs(first, again)
+    assert status_differs(first, build_status(first, 2, roles, None, None, T1))
+
+
+OWNER = {
+    "apiVersion": "disagg.dev/v1alpha1",
+    "kind": "DisaggregatedDeployment",
+    "metadata": {"name": "llama", "namespace": "team", "uid": "u-1"},
+}
+
+
+def test_children_get_a_controller_owner_reference_and_lead_back_to_it() -> None:
+    child = with_owner({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama-router"}}, OWNER)
+    assert child["metadata"]["namespace"] == "team"
+    assert child["metadata"]["ownerReferences"] == [owner_reference(OWNER)]
+    assert owner_reference(OWNER)["controller"] and owner_reference(OWNER)["blockOwnerDeletion"]
+    assert controller_owner(child, "DisaggregatedDeployment", "disagg.dev") == ("team", "llama")
+    assert controller_owner(child, "Deployment", "apps") is None
+    assert controller_owner({"metadata": {"name": "x"}}, "DisaggregatedDeployment", "disagg.dev") is None
+
+
+def test_gate_folds_a_burst_into_one_follow_up_run() -> None:
+    gate = ReconcileGate()
+    started, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def slow() -> str:
+        runs.append("first")
+        started.set()
+        release.wait(5)
+        return "first"
+
+    first = threading.Thread(target=gate.run, args=("k", slow))
+    first.start()
+    started.wait(5)
+    results: list[tuple[bool, object]] = []
+    follow_up = threading.Thread(target=lambda: results.append(gate.run("k", lambda: runs.append("second"))))
+    follow_up.start()
+    # A third trigger while the follow-up is queued is folded into it; wait until the follow-up is queued.
+    while not gate._slots["k"].waiting:
+        threading.Event().wait(0.001)
+    assert gate.run("k", lambda: runs.append("third")) == (False, None)
+    release.set()
+    first.join(5)
+    follow_up.join(5)
+    assert runs == ["first", "second"]
+    assert results and results[0][0] is True
