@@ -53,13 +53,25 @@ STATEFULSET = Kind("apps/v1", "StatefulSet", "statefulsets")
 SERVICE = Kind("v1", "Service", "services")
 CONFIGMAP = Kind("v1", "ConfigMap", "configmaps")
 PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+SERVICEACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLEBINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
 DISAGG_DEPLOYMENT = Kind("disagg.dev/v1alpha1", "DisaggregatedDeployment", "disaggregateddeployments")
 CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False)
 
 # The kinds the renderer may produce, hence the kinds the pruner looks at (and nothing else).
-CHILD_KINDS: tuple[Kind, ...] = (DEPLOYMENT, STATEFULSET, SERVICE, CONFIGMAP, PDB)
+CHILD_KINDS: tuple[Kind, ...] = (
+    DEPLOYMENT,
+    STATEFULSET,
+    SERVICE,
+    CONFIGMAP,
+    PDB,
+    SERVICEACCOUNT,
+    ROLE,
+    ROLEBINDING,
+)
 
 
 def kind_of(obj: Mapping[str, Any], kinds: Sequence[Kind] = CHILD_KINDS) -> Kind:

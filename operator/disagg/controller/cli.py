@@ -1,0 +1,105 @@
+"""`disagg run`: the operator, against $KUBECONFIG (or ~/.kube/config, or the in-cluster service account).
+
+Peering (high availability with kopf): ``--peering NAME`` uses kopf's ``KopfPeering`` objects
+(kopf.dev/v1, namespaced, one per watched namespace) or, with ``--all-namespaces``, a
+``ClusterKopfPeering``; the chart installs both CRDs and the peering object. ``--standalone`` needs none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+
+from disagg.controller.settings import ControllerSettings
+
+# kopf's peering priorities are integers; "random" picks one so replicas of one operator never tie.
+RANDOM_PRIORITY_RANGE = (1, 2**31 - 1)
+
+
+def _priority(value: str) -> int:
+    if value == "random":
+        return random.randint(*RANDOM_PRIORITY_RANGE)
+    try:
+        return int(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"--peering-priority: expected an integer or 'random', got {value!r}"
+        ) from error
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable; kopf glob patterns allowed)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--standalone", action="store_true", help="run without peering (the default without --peering)"
+    )
+    peering.add_argument(
+        "--peering", metavar="NAME", help="coordinate with other replicas via the (Cluster)KopfPeering NAME"
+    )
+    parser.add_argument(
+        "--peering-priority",
+        type=_priority,
+        default=None,
+        metavar="N|random",
+        help="this replica's peering priority (the highest one runs)",
+    )
+    parser.add_argument(
+        "--peering-lifetime", type=int, default=None, metavar="S", help="seconds a peering heartbeat lasts"
+    )
+    parser.add_argument(
+        "--liveness-endpoint",
+        metavar="URL",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT")
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", metavar="ADDR", help="address for the metrics server"
+    )
+    parser.add_argument(
+        "--prometheus-url", metavar="URL", help="Prometheus the autoscaling loop reads signals from"
+    )
+    parser.add_argument(
+        "--resync-interval",
+        type=float,
+        default=ControllerSettings.resync_interval_s,
+        metavar="S",
+        help="re-reconcile every object this often even without events (default %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="log at DEBUG level")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from disagg.controller.operator import RunOptions, run_operator  # kopf is imported only here
+
+    level = "DEBUG" if args.verbose else (args.log_level or "INFO")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.resync_interval <= 0:
+        raise SystemExit("disagg run: --resync-interval must be positive")
+    options = RunOptions(
+        namespaces=tuple(args.namespaces or ()),
+        all_namespaces=bool(args.all_namespaces),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        peering_priority=args.peering_priority,
+        peering_lifetime_s=args.peering_lifetime,
+        liveness_endpoint=args.liveness_endpoint,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        prometheus_url=args.prometheus_url,
+        settings=ControllerSettings(resync_interval_s=args.resync_interval),
+    )
+    return run_operator(options)

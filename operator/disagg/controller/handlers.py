@@ -1,0 +1,116 @@
+"""The kopf handlers of the reconciler: thin triggers around :class:`disagg.controller.reconcile.Reconciler`.
+
+What triggers a reconcile of a DisaggregatedDeployment:
+- its creation, a change of its spec/labels/annotations, and the operator's start (create/update/resume);
+- a change of ``status.autoscaling.desiredReplicas`` that asks for replicas other than those applied
+  (a watch-event handler: kopf's field handlers ignore status, the autoscaler's channel to the reconciler);
+- any watch event of a child it controls (found by its controller owner reference, so a child whose
+  labels were removed by hand is still seen): drift is undone, and readiness flows into status;
+- a resync timer, as a safety net for anything missed.
+All of them go through one per-object gate, so reconciles of one object never overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from disagg.controller.gate import ReconcileGate
+from disagg.controller.reconcile import Key, Reconciler, TransientError
+from disagg.controller.settings import ControllerSettings
+from disagg.k8s.apply import controller_owner
+
+GROUP, VERSION, PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+OWNER_KIND = "DisaggregatedDeployment"
+# (group, version, plural) of every kind the renderer produces; their events lead back to the owner.
+CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReconcileContext:
+    reconciler: Reconciler
+    gate: ReconcileGate
+    settings: ControllerSettings
+
+    def reconcile(self, key: Key) -> None:
+        """Reconcile under the gate; TransientError propagates to the caller."""
+        self.gate.run(key, lambda: self.reconciler.reconcile(*key))
+
+    def forget(self, key: Key) -> None:
+        self.reconciler.forget(key)
+        self.gate.forget(key)
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    """(namespace, name) of the DisaggregatedDeployment that controls this object, if one does."""
+    return controller_owner(body, OWNER_KIND, GROUP)
+
+
+def is_controlled_child(body: Mapping[str, Any], **_: Any) -> bool:
+    """kopf ``when`` filter for child watch events."""
+    return owner_key(body) is not None
+
+
+def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None:
+    """Register the reconciler's handlers on ``registry``."""
+
+    def on_spec(namespace: str | None, name: str, **_: Any) -> None:
+        try:
+            context.reconcile((namespace or "", name))
+        except TransientError as error:
+            raise kopf.TemporaryError(str(error), delay=context.settings.retry_delay_s) from error
+
+    for decorator in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        decorator(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(on_spec)
+
+    def on_own_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
+        metadata = body.get("metadata") or {}
+        key: Key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+        if event.get("type") == "DELETED":
+            context.forget(key)
+            return
+        if not context.reconciler.needs_reapply(body):
+            return
+        log.info("desired replicas of %s/%s changed: reconciling", *key)
+        _reconcile_quietly(context, key, "replicas change")
+
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="replicas-watch")(on_own_event)
+
+    def on_child_event(body: Mapping[str, Any], **_: Any) -> None:
+        key = owner_key(body)
+        if key is not None:
+            _reconcile_quietly(context, key, f"event of {body.get('kind')}/{body['metadata'].get('name')}")
+
+    for group, version, plural in CHILD_RESOURCES:
+        kopf.on.event(
+            group, version, plural, registry=registry, id=f"child-{plural}", when=is_controlled_child
+        )(on_child_event)
+
+    def resync(namespace: str | None, name: str, **_: Any) -> None:
+        _reconcile_quietly(context, (namespace or "", name), "resync")
+
+    kopf.timer(
+        GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=context.settings.resync_interval_s
+    )(resync)
+
+
+def _reconcile_quietly(context: ReconcileContext, key: Key, why: str) -> None:
+    """Reconcile from a handler kopf does not retry: a transient failure is logged; the resync retries."""
+    try:
+        context.reconcile(key)
+    except TransientError as error:
+        log.warning("reconcile of %s/%s after %s failed, will retry on resync: %s", *key, why, error)

@@ -1,0 +1,91 @@
+"""The operator process: one kopf registry with the reconciler's and the autoscaler's handlers.
+
+The autoscaling loop (:mod:`disagg.controller.autoscaling`) registers its own timer on kopf's default
+registry when imported; it finds the shared KubeApi and ControllerMetrics in the operator memo.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import kopf
+
+from disagg.controller import autoscaling  # noqa: F401  (registers the autoscaling timer)
+from disagg.controller.gate import ReconcileGate
+from disagg.controller.handlers import ReconcileContext, register
+from disagg.controller.metrics import ControllerMetrics, create_metrics, serve_metrics
+from disagg.controller.reconcile import Reconciler
+from disagg.controller.settings import ControllerSettings
+from disagg.k8s.client import KubeApi, load_api_client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: what to watch, peering, probes, metrics."""
+
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    standalone: bool = True
+    peering_name: str | None = None
+    peering_priority: int | None = None
+    peering_lifetime_s: int | None = None
+    liveness_endpoint: str | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    prometheus_url: str | None = None
+    settings: ControllerSettings = field(default_factory=ControllerSettings)
+
+
+def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
+    """kopf's settings from ours: annotation-only persistence (status stays ours), timeouts, peering."""
+    settings = kopf.OperatorSettings()
+    ours = options.settings
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ours.annotations_prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ours.annotations_prefix, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.getLevelName(ours.kopf_event_level)
+    settings.watching.server_timeout = ours.watch_server_timeout_s
+    settings.watching.client_timeout = ours.watch_client_timeout_s
+    settings.execution.max_workers = ours.max_workers
+    if options.peering_lifetime_s is not None:
+        settings.peering.lifetime = options.peering_lifetime_s
+    return settings
+
+
+def build_memo(api: KubeApi, metrics: ControllerMetrics, options: RunOptions) -> kopf.Memo:
+    """What every handler can find in its memo (the autoscaler looks these up by type and key)."""
+    memo = kopf.Memo()
+    memo["kube_api"] = api
+    memo["controller_metrics"] = metrics
+    memo["controller_settings"] = options.settings
+    if options.prometheus_url:
+        memo["prometheus_url"] = options.prometheus_url
+    return memo
+
+
+def run_operator(options: RunOptions) -> int:
+    """Run until interrupted; the exit code."""
+    api = KubeApi(load_api_client(), request_timeout_s=options.settings.request_timeout_s)
+    metrics = create_metrics()
+    reconciler = Reconciler(api, options.settings, metrics)
+    registry = kopf.get_default_registry()
+    register(registry, ReconcileContext(reconciler, ReconcileGate(), options.settings))
+    if options.metrics_port is not None:
+        serve_metrics(metrics.registry, options.metrics_port, options.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
+    kopf.run(
+        registry=registry,
+        settings=kopf_settings(options),
+        standalone=options.standalone,
+        peering_name=options.peering_name,
+        priority=options.peering_priority,
+        liveness_endpoint=options.liveness_endpoint,
+        clusterwide=options.all_namespaces,
+        namespaces=list(options.namespaces),
+        memo=build_memo(api, metrics, options),
+    )
+    return 0

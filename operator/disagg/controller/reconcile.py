@@ -1,0 +1,282 @@
+"""One reconcile of a DisaggregatedDeployment: validate, render, apply, then report in status and Events.
+
+Synchronous and free of kopf, so the same code runs from the kopf handlers, the resync timer, the
+child-watch handlers and the benchmark. Never raises for a bad object: an invalid spec, a render error
+or a manifest the API server rejects becomes ``Degraded`` with a reason, a message and a Warning Event.
+Only transient API errors (connection trouble, 5xx, conflicts) raise :class:`TransientError` so the
+caller can retry later.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.controller.metrics import ControllerMetrics
+from disagg.controller.settings import ControllerSettings
+from disagg.controller.status import Problem, RoleState, build_status, rfc3339, role_state, status_differs
+from disagg.k8s.apply import ApplyError, ApplyResult, apply_children, list_owned_children
+from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, SERVICE, JsonDict, KubeApi
+from disagg.k8s.events import post_event
+from disagg.render import effective_replicas, render_children
+
+ROLE_LABEL = "disagg.dev/role"
+STATUS_WRITE_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class TransientError(Exception):
+    """The reconcile could not finish for a reason that may go away by itself; retry later."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    problem: Problem | None
+    applied: ApplyResult | None
+    status_written: bool
+    replicas: Mapping[str, int] | None  # the replicas applied to prefill/decode, when the render succeeded
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per error, each naming the field by its path in the object (e.g. spec.prefill.replicas)."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"])
+        lines.append(f"{path}: {item['msg']}" if path else str(item["msg"]))
+    return "; ".join(lines)
+
+
+def validate(obj: Mapping[str, Any]) -> tuple[DisaggregatedDeployment | None, Problem | None]:
+    try:
+        return DisaggregatedDeployment.model_validate(dict(obj)), None
+    except ValidationError as error:
+        return None, Problem("InvalidSpec", format_validation_error(error))
+
+
+def render(dd: DisaggregatedDeployment) -> tuple[list[JsonDict], dict[str, int] | None, Problem | None]:
+    """The children and the replicas they carry; a Problem instead when the renderer refuses the spec."""
+    try:
+        replicas = dict(effective_replicas(dd))
+        return [dict(child) for child in render_children(dd, replicas)], replicas, None
+    except (ValueError, KeyError, TypeError, ValidationError) as error:
+        return [], None, Problem("RenderFailed", f"{type(error).__name__}: {error}")
+
+
+def _role_of(obj: Mapping[str, Any]) -> str | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    role = labels.get(ROLE_LABEL)
+    return str(role) if role else None
+
+
+def role_states(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, RoleState | None]:
+    """prefill/decode/router -> the state of that role's Deployment, from a set of live children."""
+    states: dict[str, RoleState | None] = {"prefill": None, "decode": None, "router": None}
+    for (kind, _), obj in children.items():
+        role = _role_of(obj)
+        if kind == "Deployment" and role in states:
+            states[role] = role_state(obj)
+    return states
+
+
+def router_endpoint(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> str | None:
+    """In-cluster URL of the router's Service (the non-headless Service with role router)."""
+    for (kind, name), obj in sorted(children.items()):
+        spec = obj.get("spec") or {}
+        if kind != "Service" or _role_of(obj) != "router" or spec.get("clusterIP") == "None":
+            continue
+        ports = spec.get("ports") or []
+        if not ports:
+            continue
+        port = next((p for p in ports if p.get("name") == "http"), ports[0])
+        namespace = obj["metadata"].get("namespace")
+        return f"http://{name}.{namespace}.svc:{port.get('port')}"
+    return None
+
+
+class Reconciler:
+    """Reconciles DisaggregatedDeployments through a KubeApi; remembers what it applied per object."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: ControllerSettings,
+        metrics: ControllerMetrics | None = None,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._applied: dict[Key, dict[str, int]] = {}
+
+    # -- what was applied (so a change of status.autoscaling.desiredReplicas can be noticed) ---------------
+
+    def applied_replicas(self, key: Key) -> dict[str, int] | None:
+        with self._lock:
+            found = self._applied.get(key)
+            return dict(found) if found is not None else None
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._applied.pop(key, None)
+
+    def _remember(self, key: Key, replicas: Mapping[str, int]) -> None:
+        with self._lock:
+            self._applied[key] = dict(replicas)
+
+    def needs_reapply(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the replicas the object asks for now differ from what was last applied for it."""
+        metadata = obj.get("metadata") or {}
+        applied = self.applied_replicas((metadata.get("namespace", ""), metadata.get("name", "")))
+        if applied is None:
+            return False  # never applied in this process: the create/resume handlers take care of it
+        dd, problem = validate(obj)
+        if dd is None or problem is not None:
+            return False
+        try:
+            wanted = dict(effective_replicas(dd))
+        except (ValueError, KeyError, TypeError):
+            return False
+        return wanted != applied
+
+    # -- the reconcile ------------------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+        """Reconcile the object as it is now on the server; None when it is gone or being deleted."""
+        try:
+            obj = self.api.get(DISAGG_DEPLOYMENT, namespace, name)
+        except (ApiException, OSError) as error:
+            raise TransientError(f"reading {namespace}/{name}: {error}") from error
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.forget((namespace, name))
+            return None
+        return self.reconcile_object(obj)
+
+    def reconcile_object(self, obj: JsonDict) -> Outcome:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            outcome = self._reconcile(obj)
+            result = "degraded" if outcome.problem is not None else "ok"
+            return outcome
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconciles.labels(result=result).inc()
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    def _reconcile(self, obj: JsonDict) -> Outcome:
+        metadata = obj["metadata"]
+        key: Key = (metadata["namespace"], metadata["name"])
+        dd, problem = validate(obj)
+        children: list[JsonDict] = []
+        replicas: dict[str, int] | None = None
+        if dd is not None:
+            children, replicas, problem = render(dd)
+        applied: ApplyResult | None = None
+        if problem is None:
+            try:
+                applied = apply_children(self.api, obj, children, field_manager=self.settings.field_manager)
+            except ApplyError as error:
+                problem = Problem("ApplyFailed", str(error), transient=not error.permanent)
+            except OSError as error:
+                problem = Problem("ApplyFailed", f"API server unreachable: {error}", transient=True)
+        if applied is not None and replicas is not None:
+            self._remember(key, replicas)
+            self._count_changes(applied)
+            self._announce_changes(obj, applied)
+
+        live = applied.live if applied is not None else self._live_children(obj)
+        written = self._write_status(obj, live, problem)
+        if problem is not None and problem.transient:
+            raise TransientError(problem.message)
+        return Outcome(problem, applied, written, replicas)
+
+    def _live_children(self, obj: Mapping[str, Any]) -> dict[tuple[str, str], JsonDict]:
+        try:
+            return list_owned_children(self.api, obj, kinds=(DEPLOYMENT, SERVICE))
+        except (ApiException, OSError) as error:
+            log.warning("could not list the children of %s: %s", obj["metadata"]["name"], error)
+            return {}
+
+    def _count_changes(self, applied: ApplyResult) -> None:
+        if self.metrics is None:
+            return
+        for action, items in (("created", applied.created), ("updated", applied.updated)):
+            if items:
+                self.metrics.child_changes.labels(action=action).inc(len(items))
+        if applied.pruned:
+            self.metrics.child_changes.labels(action="pruned").inc(len(applied.pruned))
+
+    def _announce_changes(self, obj: Mapping[str, Any], applied: ApplyResult) -> None:
+        for reason, verb, items in (
+            ("ChildrenCreated", "created", applied.created),
+            ("ChildrenUpdated", "updated", applied.updated),
+            ("ChildrenPruned", "deleted", applied.pruned),
+        ):
+            if items:
+                post_event(self.api, obj, reason, f"{verb} {', '.join(items)}", "Normal")
+
+    def _write_status(
+        self, obj: JsonDict, live: Mapping[tuple[str, str], Mapping[str, Any]], problem: Problem | None
+    ) -> bool:
+        """Patch the status when it changed (optimistic concurrency; re-read and retry on a conflict)."""
+        metadata = obj["metadata"]
+        roles, endpoint = role_states(live), router_endpoint(live)
+        current_obj: JsonDict | None = obj
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            if current_obj is None:
+                return False
+            current = current_obj.get("status") or {}
+            generation = int(current_obj["metadata"].get("generation") or 0)
+            new = build_status(current, generation, roles, endpoint, problem, rfc3339(self.clock()))
+            if not status_differs(current, new):
+                return False
+            try:
+                self.api.merge_patch_status(
+                    DISAGG_DEPLOYMENT,
+                    metadata["namespace"],
+                    metadata["name"],
+                    new,
+                    resource_version=current_obj["metadata"].get("resourceVersion"),
+                )
+            except ApiException as error:
+                if error.status == 409:
+                    current_obj = self.api.get(DISAGG_DEPLOYMENT, metadata["namespace"], metadata["name"])
+                    continue
+                if error.status == 404:
+                    return False
+                raise TransientError(f"writing the status of {metadata['name']}: {error}") from error
+            if self.metrics is not None:
+                self.metrics.status_writes.inc()
+            self._announce_problem(current_obj, current, problem)
+            return True
+        raise TransientError(f"the status of {metadata['name']} kept changing underneath")
+
+    def _announce_problem(
+        self, obj: Mapping[str, Any], old: Mapping[str, Any], problem: Problem | None
+    ) -> None:
+        """A Warning Event when the object becomes degraded for a new reason or message (not every resync)."""
+        if problem is None:
+            return
+        before = next((c for c in old.get("conditions") or [] if c.get("type") == "Degraded"), None)
+        if (
+            before is not None
+            and before.get("status") == "True"
+            and before.get("reason") == problem.reason
+            and before.get("message") == problem.message
+        ):
+            return
+        post_event(self.api, obj, problem.reason, problem.message, "Warning")
