@@ -13,29 +13,31 @@ Pure: pydantic only. Durations are whole seconds (``...Seconds``), as in the Hor
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, model_validator
 
-GROUP = "disagg.dev"
-VERSION = "v1alpha1"
+from disagg.api.common import API_GROUP, API_VERSION, ApiModel, Condition
+from disagg.api.crd import CrdSpec, PrinterColumn
+
+GROUP = API_GROUP
+VERSION = API_VERSION
 KIND = "RatioPolicy"
 PLURAL = "ratiopolicies"
 SINGULAR = "ratiopolicy"
 SHORT_NAMES = ("rp",)
 
 
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error that names the field."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_enum_values=False,
-        validate_default=True,
-    )
+def _open_range(minimum: float | None = None, maximum: float | None = None) -> dict[str, Any]:
+    """Exclusive bounds the way a Kubernetes structural schema (OpenAPI v3.0) writes them: a number in
+    ``minimum``/``maximum`` and a boolean ``exclusiveMinimum``/``exclusiveMaximum`` (pydantic would emit
+    JSON Schema 2020-12's numeric form, which the API server rejects)."""
+    extra: dict[str, Any] = {}
+    if minimum is not None:
+        extra |= {"minimum": minimum, "exclusiveMinimum": True}
+    if maximum is not None:
+        extra |= {"maximum": maximum, "exclusiveMaximum": True}
+    return extra
 
 
 def _cel(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -58,22 +60,24 @@ class Mode(enum.StrEnum):
     ADVISORY = "advisory"
 
 
-class LatencyTarget(_Model):
+class LatencyTarget(ApiModel):
     """A latency objective: the ``percentile`` of the latency must stay at or below ``targetSeconds``."""
 
     percentile: float = Field(
         default=90.0,
         gt=0.0,
         lt=100.0,
+        json_schema_extra=_open_range(0.0, 100.0),
         description="Percentile of the latency distribution the target applies to, in (0, 100), e.g. 90.",
     )
     target_seconds: float = Field(
         gt=0.0,
+        json_schema_extra=_open_range(0.0),
         description="Upper bound on the latency at that percentile, in seconds.",
     )
 
 
-class SLO(_Model):
+class SLO(ApiModel):
     """The latencies users feel: time to first token and inter-token latency."""
 
     ttft: LatencyTarget = Field(
@@ -87,7 +91,7 @@ class SLO(_Model):
     )
 
 
-class RoleSteps(_Model):
+class RoleSteps(ApiModel):
     """A number of replicas per role."""
 
     prefill: int = Field(default=1, ge=1, description="Replicas of the prefill pool.")
@@ -97,7 +101,7 @@ class RoleSteps(_Model):
         return self.prefill if role == "prefill" else self.decode
 
 
-class ScalingRules(_Model):
+class ScalingRules(ApiModel):
     """How fast one direction may move (like HPA ``behavior.scaleUp``/``scaleDown``)."""
 
     stabilization_window_seconds: int = Field(
@@ -121,7 +125,7 @@ def _default_scale_down() -> ScalingRules:
     return ScalingRules(stabilization_window_seconds=300, max_step=RoleSteps(prefill=1, decode=1))
 
 
-class GPUBudget(_Model):
+class GPUBudget(ApiModel):
     """The most GPUs both pools together may hold."""
 
     max_gpus: int = Field(
@@ -132,21 +136,21 @@ class GPUBudget(_Model):
     )
 
 
-class FixedRatio(_Model):
+class FixedRatio(ApiModel):
     """A fixed prefill:decode ratio, e.g. 1:3; total capacity is scaled in whole units of it."""
 
     prefill: int = Field(ge=1, le=64, description="Prefill part of the ratio.")
     decode: int = Field(ge=1, le=64, description="Decode part of the ratio.")
 
 
-class RoleTensorParallel(_Model):
+class RoleTensorParallel(ApiModel):
     """Tensor-parallel degree per role."""
 
     prefill: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree of a prefill replica.")
     decode: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree of a decode replica.")
 
 
-class ModelBasedSettings(_Model):
+class ModelBasedSettings(ApiModel):
     """Settings of the ``model-based`` algorithm (a capacity model per role, corrected online)."""
 
     model: str | None = Field(
@@ -172,6 +176,7 @@ class ModelBasedSettings(_Model):
     target_utilization: float = Field(
         default=0.85,
         gt=0.0,
+        json_schema_extra=_open_range(0.0),
         le=1.0,
         description="Fraction of a replica's modelled capacity the plan may use (headroom for bursts).",
     )
@@ -185,29 +190,32 @@ class ModelBasedSettings(_Model):
     correction_smoothing: float = Field(
         default=0.3,
         gt=0.0,
+        json_schema_extra=_open_range(0.0),
         le=1.0,
         description="Weight of the newest observed/expected latency ratio in the online correction (EMA).",
     )
 
 
-class FeedbackSettings(_Model):
+class FeedbackSettings(ApiModel):
     """Settings of the ``slo-feedback`` algorithm (and the load side of ``fixed-ratio``)."""
 
     kv_usage_high: float = Field(
         default=0.9,
         gt=0.0,
+        json_schema_extra=_open_range(0.0),
         le=1.0,
         description="Decode KV-cache usage at or above which the decode pool counts as saturated.",
     )
     target_utilization: float = Field(
         default=0.8,
         gt=0.0,
+        json_schema_extra=_open_range(0.0),
         le=1.0,
         description="Highest estimated busy fraction a pool may reach after shrinking.",
     )
 
 
-class RatioPolicySpec(_Model):
+class RatioPolicySpec(ApiModel):
     """Desired behaviour of the ratio control loop."""
 
     model_config = ConfigDict(
@@ -262,6 +270,7 @@ class RatioPolicySpec(_Model):
         default=0.1,
         ge=0.0,
         lt=1.0,
+        json_schema_extra=_open_range(None, 1.0),
         description="Tolerance band: no change while the latency/target ratio is within 1 +/- tolerance.",
     )
     gpu_budget: GPUBudget | None = Field(default=None, description="GPU budget over both pools.")
@@ -298,22 +307,7 @@ class RatioPolicySpec(_Model):
         return self
 
 
-class Condition(_Model):
-    """A standard Kubernetes condition (metav1.Condition)."""
-
-    type: str = Field(description="Type of the condition, e.g. Ready.")
-    status: str = Field(description="True, False or Unknown.")
-    reason: str = Field(default="", description="Machine-readable CamelCase reason.")
-    message: str = Field(default="", description="Human-readable detail.")
-    last_transition_time: str | None = Field(
-        default=None, description="RFC 3339 time the status last changed."
-    )
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation the condition was computed from."
-    )
-
-
-class RatioPolicyStatus(_Model):
+class RatioPolicyStatus(ApiModel):
     """Observed state of a RatioPolicy."""
 
     observed_generation: int | None = Field(
@@ -326,30 +320,29 @@ class RatioPolicyStatus(_Model):
     )
 
 
-class RatioPolicy(_Model):
+class RatioPolicy(ApiModel):
     """A whole RatioPolicy object as stored by the API server."""
 
-    api_version: str = Field(default=f"{GROUP}/{VERSION}", description="disagg.dev/v1alpha1")
-    kind: str = Field(default=KIND, description="RatioPolicy")
+    api_version: Literal["disagg.dev/v1alpha1"] = Field(
+        default="disagg.dev/v1alpha1", alias="apiVersion", description="disagg.dev/v1alpha1."
+    )
+    kind: Literal["RatioPolicy"] = Field(default="RatioPolicy", description="RatioPolicy.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: RatioPolicySpec = Field(default_factory=RatioPolicySpec, description="Desired behaviour.")
     status: RatioPolicyStatus | None = Field(default=None, description="Observed state.")
 
 
-PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
-    {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm"},
-    {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
-    {
-        "name": "TTFT",
-        "type": "number",
-        "jsonPath": ".spec.slo.ttft.targetSeconds",
-        "description": "TTFT target (s)",
-    },
-    {
-        "name": "ITL",
-        "type": "number",
-        "jsonPath": ".spec.slo.itl.targetSeconds",
-        "description": "ITL target (s)",
-    },
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+CRD_SPEC = CrdSpec(
+    model=RatioPolicy,
+    kind=KIND,
+    plural=PLURAL,
+    singular=SINGULAR,
+    short_names=SHORT_NAMES,
+    printer_columns=(
+        PrinterColumn("Algorithm", ".spec.algorithm", description="How the policy decides"),
+        PrinterColumn("Mode", ".spec.mode", description="active or advisory"),
+        PrinterColumn("TTFT", ".spec.slo.ttft.targetSeconds", "number", "TTFT target (s)"),
+        PrinterColumn("ITL", ".spec.slo.itl.targetSeconds", "number", "ITL target (s)"),
+        PrinterColumn("Deployments", ".status.deployments", description="Deployments using it", priority=1),
+    ),
 )
