@@ -1,0 +1,496 @@
+"""Obtain the control-plane programs once and cache them under ``~/.cache/disagg/<component>-<version>/``.
+
+The Kubernetes programs, etcd, kwok and helm are built from the Go module proxy through small generated
+wrapper modules (``go install`` refuses ``k8s.io/kubernetes`` because its go.mod replaces the staging
+modules with local paths). Prometheus is extracted from Debian's package so that no system service starts.
+
+Run ``python -m disagg.cluster.binaries [NAME ...]`` to obtain everything (or the named programs) ahead
+of time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+class BinaryError(RuntimeError):
+    """A program could not be obtained; the message names the component and the failed step."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Pinned versions of every component (one place to bump them)."""
+
+    # Newest stable release served by proxy.golang.org (`go list -m -versions k8s.io/kubernetes`).
+    kubernetes: str = "v1.37.2"
+    # k8s.io/kubernetes v1.37.2's go.mod requires go.etcd.io/etcd/client/v3 v3.7.0: the matching server line.
+    etcd: str = "v3.7.3"
+    kwok: str = "v0.8.0"
+    helm: str = "v3.22.0"
+    # Debian package; its version is whatever the configured apt sources serve.
+    prometheus: str = "debian"
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    cache_root: Path = field(default_factory=lambda: default_cache_root())
+    go: str = "go"
+    parallel: int = 2
+    versions: Versions = field(default_factory=Versions)
+    log: bool = True
+
+
+def default_cache_root() -> Path:
+    env = os.environ.get("DISAGG_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "disagg"
+
+
+# program name -> component that provides it
+COMPONENT_OF: Mapping[str, str] = {
+    "kube-apiserver": "kubernetes",
+    "kube-controller-manager": "kubernetes",
+    "kube-scheduler": "kubernetes",
+    "kubectl": "kubernetes",
+    "etcd": "etcd",
+    "kwok": "kwok",
+    "helm": "helm",
+    "prometheus": "prometheus",
+    "promtool": "prometheus",
+}
+
+PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
+    "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+    "etcd": ("etcd",),
+    "kwok": ("kwok",),
+    "helm": ("helm",),
+    "prometheus": ("prometheus", "promtool"),
+}
+
+
+def log(settings: BuildSettings, message: str) -> None:
+    if settings.log:
+        stamp = datetime.now(UTC).strftime("%H:%M:%S")
+        print(f"[disagg {stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def component_version(settings: BuildSettings, component: str) -> str:
+    return str(getattr(settings.versions, component))
+
+
+def component_dir(settings: BuildSettings, component: str) -> Path:
+    return settings.cache_root / f"{component}-{component_version(settings, component)}"
+
+
+def cached_path(name: str, settings: BuildSettings | None = None) -> Path | None:
+    """The cached program, or None if it has not been obtained yet (never builds)."""
+    settings = settings or BuildSettings()
+    component = _component(name)
+    path = component_dir(settings, component) / "bin" / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def ensure_binary(name: str, settings: BuildSettings | None = None) -> Path:
+    """Path of program ``name``, building or downloading its component on first use."""
+    settings = settings or BuildSettings()
+    found = cached_path(name, settings)
+    if found is not None:
+        return found
+    component = _component(name)
+    with _component_lock(settings, component):
+        found = cached_path(name, settings)
+        if found is None:
+            _obtain(settings, component)
+            found = cached_path(name, settings)
+    if found is None:
+        raise BinaryError(
+            f"{component}: built, but {name} is missing from {component_dir(settings, component)}"
+        )
+    return found
+
+
+def ensure_all(names: Sequence[str] | None = None, settings: BuildSettings | None = None) -> dict[str, Path]:
+    settings = settings or BuildSettings()
+    wanted = list(names) if names else list(COMPONENT_OF)
+    return {name: ensure_binary(name, settings) for name in wanted}
+
+
+def _component(name: str) -> str:
+    try:
+        return COMPONENT_OF[name]
+    except KeyError:
+        known = ", ".join(sorted(COMPONENT_OF))
+        raise BinaryError(f"unknown program {name!r}; known programs: {known}") from None
+
+
+@contextlib.contextmanager
+def _component_lock(settings: BuildSettings, component: str) -> Iterator[None]:
+    settings.cache_root.mkdir(parents=True, exist_ok=True)
+    lock_path = settings.cache_root / f".{component}.lock"
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _obtain(settings: BuildSettings, component: str) -> None:
+    started = time.monotonic()
+    log(settings, f"{component} {component_version(settings, component)}: not cached, obtaining (minutes)")
+    if component == "prometheus":
+        _download_prometheus(settings)
+    else:
+        _build_go_component(settings, component)
+    elapsed = time.monotonic() - started
+    out = component_dir(settings, component)
+    (out / "build-seconds").write_text(f"{elapsed:.0f}\n")
+    log(settings, f"{component}: done in {elapsed:.0f} s -> {out / 'bin'}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Go builds
+
+
+@dataclass(frozen=True)
+class GoBuild:
+    """What to build for one Go component: a wrapper go.mod and the main packages."""
+
+    module: str
+    version: str
+    packages: tuple[str, ...]
+    replaces: tuple[tuple[str, str], ...] = ()
+    ldflags: tuple[str, ...] = ()
+
+
+def _build_go_component(settings: BuildSettings, component: str) -> None:
+    go = shutil.which(settings.go)
+    if go is None:
+        raise BinaryError(
+            f"{component}: the Go toolchain ({settings.go!r}) is not on PATH; install Go >= 1.26 "
+            "(https://go.dev/dl) so the control-plane programs can be built"
+        )
+    out = component_dir(settings, component)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = out / "wrapper"
+    workdir.mkdir(exist_ok=True)
+    env = _go_env()
+    plan = _plan(settings, component, go, workdir, env)
+    _write_wrapper(workdir, plan, settings)
+    staging = Path(tempfile.mkdtemp(prefix="bin-", dir=out))
+    try:
+        cmd = [
+            go,
+            "build",
+            "-p",
+            str(settings.parallel),
+            "-trimpath",
+            "-ldflags",
+            " ".join(["-s", "-w", *plan.ldflags]),
+            "-o",
+            str(staging) + "/",
+            *plan.packages,
+        ]
+        log(settings, f"{component}: go build {' '.join(plan.packages)}")
+        _run(component, "go build", cmd, cwd=workdir, env=env)
+        _rename_outputs(staging, component)
+        staging.chmod(0o755)
+        final = out / "bin"
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rename_outputs(staging: Path, component: str) -> None:
+    # `go build -o dir/` names each binary after the last element of its package path.
+    renames = {"server": "etcd", "v3": "etcd"} if component == "etcd" else {}
+    for old, new in renames.items():
+        if (staging / old).exists():
+            (staging / old).rename(staging / new)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"CGO_ENABLED": "0", "GOFLAGS": "-mod=mod", "GOWORK": "off", "GOTOOLCHAIN": "local"})
+    return env
+
+
+def _run(component: str, step: str, cmd: Sequence[str], cwd: Path, env: Mapping[str, str]) -> str:
+    proc = subprocess.run(list(cmd), cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout)[-4000:]
+        raise BinaryError(f"{component}: {step} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return proc.stdout
+
+
+def _module_info(
+    component: str, go: str, module: str, version: str, cwd: Path, env: Mapping[str, str]
+) -> dict[str, object]:
+    out = _run(
+        component, "go mod download", [go, "mod", "download", "-json", f"{module}@{version}"], cwd, env
+    )
+    info: dict[str, object] = json.loads(out)
+    if "Error" in info:
+        raise BinaryError(f"{component}: go mod download {module}@{version}: {info['Error']}")
+    return info
+
+
+def _plan(settings: BuildSettings, component: str, go: str, workdir: Path, env: Mapping[str, str]) -> GoBuild:
+    version = component_version(settings, component)
+    # `go mod download` needs a module context that does not pull in anything: an empty scratch module.
+    scratch = workdir / "scratch"
+    scratch.mkdir(exist_ok=True)
+    (scratch / "go.mod").write_text("module disagg.local/scratch\n\ngo 1.26\n")
+    if component == "kubernetes":
+        info = _module_info(component, go, "k8s.io/kubernetes", version, scratch, env)
+        gomod = Path(str(info["GoMod"])).read_text()
+        commit = _origin_hash(info)
+        return GoBuild(
+            module="k8s.io/kubernetes",
+            version=version,
+            packages=tuple(f"k8s.io/kubernetes/cmd/{name}" for name in PROGRAMS_OF["kubernetes"]),
+            replaces=staging_replaces(gomod, version),
+            ldflags=kubernetes_version_ldflags(version, commit, _build_date(info)),
+        )
+    if component == "etcd":
+        info = _module_info(component, go, "go.etcd.io/etcd/server/v3", version, scratch, env)
+        return GoBuild(
+            module="go.etcd.io/etcd/server/v3",
+            version=version,
+            # the etcd server module's root package is the `etcd` main (server/main.go)
+            packages=("go.etcd.io/etcd/server/v3",),
+            ldflags=(f"-X go.etcd.io/etcd/api/v3/version.GitSHA={_origin_hash(info)[:8]}",)
+            if _origin_hash(info) != "unknown"
+            else (),
+        )
+    if component == "kwok":
+        return GoBuild(
+            module="sigs.k8s.io/kwok",
+            version=version,
+            packages=("sigs.k8s.io/kwok/cmd/kwok",),
+            ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={version}",),
+        )
+    if component == "helm":
+        info = _module_info(component, go, "helm.sh/helm/v3", version, scratch, env)
+        gomod = Path(str(info["GoMod"])).read_text()
+        return GoBuild(
+            module="helm.sh/helm/v3",
+            version=version,
+            packages=("helm.sh/helm/v3/cmd/helm",),
+            ldflags=helm_version_ldflags(version, _origin_hash(info), gomod),
+        )
+    raise BinaryError(f"{component}: no Go build known")
+
+
+def _origin_hash(info: Mapping[str, object]) -> str:
+    origin = info.get("Origin")
+    if isinstance(origin, dict) and isinstance(origin.get("Hash"), str):
+        return str(origin["Hash"])
+    return "unknown"
+
+
+def _build_date(info: Mapping[str, object]) -> str:
+    stamp = info.get("Time")
+    return str(stamp) if isinstance(stamp, str) else "1970-01-01T00:00:00Z"
+
+
+def _write_wrapper(workdir: Path, plan: GoBuild, settings: BuildSettings) -> None:
+    lines = ["module disagg.local/build", "", "go 1.26.0", "", f"require {plan.module} {plan.version}", ""]
+    if plan.replaces:
+        lines.append("replace (")
+        lines.extend(f"\t{old} => {new}" for old, new in plan.replaces)
+        lines.append(")")
+    gomod = workdir / "go.mod"
+    text = "\n".join(lines) + "\n"
+    if not gomod.exists() or gomod.read_text() != text:
+        gomod.write_text(text)
+        (workdir / "go.sum").unlink(missing_ok=True)
+
+
+_REQUIRE_BLOCK = re.compile(r"^require\s*\((.*?)^\)", re.S | re.M)
+_REQUIRE_LINE = re.compile(r"^require\s+(\S+)\s+(\S+)", re.M)
+_REPLACE_BLOCK = re.compile(r"^replace\s*\((.*?)^\)", re.S | re.M)
+_REPLACE_LINE = re.compile(r"^replace\s+(.+)$", re.M)
+
+
+def parse_requires(gomod: str) -> dict[str, str]:
+    """Module -> version for every requirement in a go.mod text."""
+    found: dict[str, str] = {}
+    for block in _REQUIRE_BLOCK.findall(gomod):
+        for line in block.splitlines():
+            parts = line.split("//")[0].split()
+            if len(parts) >= 2:
+                found[parts[0]] = parts[1]
+    for module, version in _REQUIRE_LINE.findall(gomod):
+        if module != "(":
+            found[module] = version
+    return found
+
+
+def parse_replaces(gomod: str) -> dict[str, str]:
+    """Old module path -> replacement (``path`` or ``path version``) for every replace directive."""
+    found: dict[str, str] = {}
+    bodies = [line for block in _REPLACE_BLOCK.findall(gomod) for line in block.splitlines()]
+    bodies += [line for line in _REPLACE_LINE.findall(gomod) if not line.strip().startswith("(")]
+    for line in bodies:
+        line = line.split("//")[0].strip()
+        if "=>" not in line:
+            continue
+        old, new = (part.strip() for part in line.split("=>", 1))
+        found[old.split()[0]] = new
+    return found
+
+
+def staging_replaces(gomod: str, kubernetes_version: str) -> tuple[tuple[str, str], ...]:
+    """Replace directives for a wrapper of k8s.io/kubernetes, derived from its own go.mod.
+
+    Each staging module it requires (``k8s.io/NAME => ./staging/src/k8s.io/NAME``) becomes
+    ``k8s.io/NAME => k8s.io/NAME v0.<minor>.<patch>``, the published copy of the same release; other
+    version replaces are kept; staging modules it does not require are left out (some are unpublished).
+    """
+    match = re.fullmatch(r"v1\.(\d+)\.(\d+)", kubernetes_version)
+    if match is None:
+        raise BinaryError(f"kubernetes: version {kubernetes_version!r} is not of the form v1.MINOR.PATCH")
+    staging_version = f"v0.{match.group(1)}.{match.group(2)}"
+    requires = parse_requires(gomod)
+    result: list[tuple[str, str]] = []
+    for old, new in sorted(parse_replaces(gomod).items()):
+        if new.startswith("./staging/"):
+            if old in requires:
+                result.append((old, f"{old} {staging_version}"))
+        elif new.startswith((".", "/")):
+            raise BinaryError(
+                f"kubernetes: go.mod replaces {old} with local path {new}; cannot build from the proxy"
+            )
+        else:
+            result.append((old, new))
+    if not result:
+        raise BinaryError("kubernetes: no staging replace directives found in k8s.io/kubernetes's go.mod")
+    return tuple(result)
+
+
+def kubernetes_version_ldflags(version: str, commit: str, build_date: str) -> tuple[str, ...]:
+    """The -X flags Kubernetes' hack/lib/version.sh sets, for component-base and client-go."""
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
+    if match is None:
+        raise BinaryError(f"kubernetes: version {version!r} is not a semantic version")
+    values = {
+        "gitVersion": version,
+        "gitMajor": match.group(1),
+        "gitMinor": match.group(2),
+        "gitCommit": commit,
+        "gitTreeState": "clean",
+        "buildDate": build_date,
+    }
+    flags: list[str] = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags.extend(f"-X {package}.{key}={value}" for key, value in values.items())
+    return tuple(flags)
+
+
+def helm_version_ldflags(version: str, commit: str, helm_gomod: str) -> tuple[str, ...]:
+    """The -X flags helm's Makefile sets: its own version and the Kubernetes version it templates for."""
+    client_go = parse_requires(helm_gomod).get("k8s.io/client-go", "")
+    match = re.fullmatch(r"v0\.(\d+)\.\d+.*", client_go)
+    if match is None:
+        raise BinaryError(f"helm: cannot read the Kubernetes version from its k8s.io/client-go {client_go!r}")
+    k8s_minor = match.group(1)
+    flags = [
+        f"-X helm.sh/helm/v3/internal/version.version={version}",
+        f"-X helm.sh/helm/v3/internal/version.gitCommit={commit}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+    ]
+    for package in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags.append(f"-X {package}.k8sVersionMajor=1")
+        flags.append(f"-X {package}.k8sVersionMinor={k8s_minor}")
+    return tuple(flags)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prometheus from Debian
+
+
+def _download_prometheus(settings: BuildSettings) -> None:
+    out = component_dir(settings, "prometheus")
+    out.mkdir(parents=True, exist_ok=True)
+    apt_get = shutil.which("apt-get")
+    dpkg_deb = shutil.which("dpkg-deb")
+    if apt_get is None or dpkg_deb is None:
+        raise BinaryError(
+            "prometheus: apt-get and dpkg-deb are needed to extract Debian's prometheus package"
+        )
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        tmpdir = Path(tmp)
+        env = dict(os.environ)
+        proc = subprocess.run(
+            [apt_get, "download", "prometheus"],
+            cwd=tmpdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            log(settings, "prometheus: package not in the apt lists, running apt-get update")
+            _run("prometheus", "apt-get update", [apt_get, "update", "-qq"], tmpdir, env)
+            _run("prometheus", "apt-get download", [apt_get, "download", "prometheus"], tmpdir, env)
+        debs = sorted(tmpdir.glob("prometheus_*.deb"))
+        if not debs:
+            raise BinaryError("prometheus: apt-get download produced no prometheus_*.deb")
+        root = tmpdir / "root"
+        _run("prometheus", "dpkg-deb -x", [dpkg_deb, "-x", str(debs[0]), str(root)], tmpdir, env)
+        staging = tmpdir / "bin"
+        staging.mkdir()
+        for name in PROGRAMS_OF["prometheus"]:
+            src = root / "usr" / "bin" / name
+            if not src.is_file():
+                raise BinaryError(f"prometheus: {debs[0].name} has no usr/bin/{name}")
+            shutil.copy2(src, staging / name)
+        (out / "package").write_text(debs[0].name + "\n")
+        final = out / "bin"
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+
+
+def cache_size_bytes(settings: BuildSettings | None = None) -> int:
+    settings = settings or BuildSettings()
+    root = settings.cache_root
+    if not root.exists():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    names = list(sys.argv[1:] if argv is None else argv)
+    try:
+        paths = ensure_all(names or None)
+    except BinaryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

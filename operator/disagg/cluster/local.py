@@ -1,0 +1,614 @@
+"""LocalCluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on 127.0.0.1.
+
+Every process is started in its own session with its pid recorded under ``<state_dir>/pids`` and its
+output in ``<state_dir>/logs``; ``up`` reuses a running cluster, ``down`` stops the processes by pid and
+removes the state directory. kwok turns the Node objects created here into Ready nodes with GPUs and
+makes the pods scheduled onto them Running and Ready.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from disagg.cluster.binaries import BuildSettings, ensure_binary
+from disagg.cluster.certs import Pki, generate_pki
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started or reached; the message names the component."""
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """``count`` kwok nodes with ``gpus_per_node`` GPUs of one type (labels from the shared contract)."""
+
+    gpu_type: str
+    product: str
+    count: int
+    gpus_per_node: int = 8
+    cpu: str = "192"
+    memory: str = "2Ti"
+    pods: str = "110"
+
+    def node_name(self, index: int) -> str:
+        return f"kwok-{self.gpu_type}-{index}"
+
+
+DEFAULT_NODE_POOLS: tuple[NodePool, ...] = (
+    NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=4),
+    NodePool(gpu_type="l40s", product="NVIDIA-L40S", count=2),
+)
+
+# kwok manages only nodes that carry this annotation (its --manage-nodes-with-annotation-selector).
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Start order; ``down`` stops in reverse.
+COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    service_cidr: str = "10.96.0.0/16"
+    service_ip: str = "10.96.0.1"  # first address of service_cidr: the `kubernetes` Service
+    pod_cidr: str = "10.244.0.0/16"  # kwok hands pod IPs out of this range
+    service_account_issuer: str = "https://kubernetes.default.svc.cluster.local"
+    start_timeout_s: float = 180.0
+    stop_timeout_s: float = 15.0
+    poll_interval_s: float = 0.2
+    log_verbosity: int = 1
+    # kill the components if the process that started them dies (for test sessions, not for the CLI)
+    tie_to_parent: bool = False
+    extra_apiserver_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    kubeconfig: Path
+    server: str
+    state_dir: Path
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    logs_dir: Path
+
+    def env(self) -> dict[str, str]:
+        return {"KUBECONFIG": str(self.kubeconfig)}
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    log: Path
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    state_dir: Path
+    server: str | None
+    components: tuple[ComponentStatus, ...]
+    apiserver_ready: bool
+    nodes_ready: int
+    nodes_total: int
+
+    @property
+    def running(self) -> bool:
+        return all(c.running for c in self.components) and self.apiserver_ready
+
+
+def default_state_dir() -> Path:
+    return BuildSettings().cache_root / "cluster-default"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def kubeconfig_dict(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> dict[str, Any]:
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "disagg-local", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)},
+            }
+        ],
+        "contexts": [{"name": "disagg-local", "context": {"cluster": "disagg-local", "user": user}}],
+        "current-context": "disagg-local",
+        "preferences": {},
+    }
+
+
+def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
+    """A Node object for kwok: GPU capacity and the GPU labels of the shared contract."""
+    name = pool.node_name(index)
+    capacity = {
+        "cpu": pool.cpu,
+        "memory": pool.memory,
+        "pods": pool.pods,
+        GPU_RESOURCE: str(pool.gpus_per_node),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "nvidia.com/gpu.product": pool.product,
+                "nvidia.com/gpu.count": str(pool.gpus_per_node),
+                "disagg.dev/gpu-type": pool.gpu_type,
+            },
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _pid_alive(pid: int, binary: Path | None = None) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if ") Z " in stat:  # a zombie is not running
+        return False
+    return binary is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == str(binary))
+
+
+class LocalCluster:
+    """A control plane of real components under one state directory."""
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        nodes: Sequence[NodePool] = DEFAULT_NODE_POOLS,
+        settings: ClusterSettings | None = None,
+        build: BuildSettings | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.nodes = tuple(nodes)
+        self.settings = settings or ClusterSettings()
+        self.build = build or BuildSettings()
+        for pool in self.nodes:
+            if pool.count < 0 or pool.gpus_per_node < 0:
+                raise ValueError(f"nodes: pool {pool.gpu_type!r} needs count >= 0 and gpus_per_node >= 0")
+
+    # -- paths -----------------------------------------------------------------------------------------
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def pids_dir(self) -> Path:
+        return self.state_dir / "pids"
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.state_dir / "pki")
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def log_path(self, component: str) -> Path:
+        return self.logs_dir / f"{component}.log"
+
+    def _kubeconfig_for(self, identity: str) -> Path:
+        return self.kubeconfig_path if identity == "admin" else self.state_dir / f"{identity}.kubeconfig"
+
+    # -- public API ------------------------------------------------------------------------------------
+    def up(self) -> ClusterInfo:
+        """Start the control plane (or reuse the running one) and wait for the nodes to be Ready."""
+        info = self._running_info()
+        if info is not None:
+            self._ensure_nodes(info)
+            self._wait_nodes_ready(info)
+            return info
+        self._stop_processes()
+        binaries = {name: ensure_binary(name, self.build) for name in COMPONENTS}
+        try:
+            return self._start(binaries)
+        except BaseException:
+            self._stop_processes()
+            raise
+
+    def down(self, keep_state: bool = False) -> None:
+        """Stop every process this state directory records (by pid) and remove the directory."""
+        self._stop_processes()
+        if not keep_state and self.state_dir.exists():
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def status(self) -> ClusterStatus:
+        state = self._read_state()
+        components = []
+        for name in COMPONENTS:
+            pid = self._read_pid(name)
+            binary = Path(state["binaries"][name]) if state and name in state.get("binaries", {}) else None
+            components.append(
+                ComponentStatus(name, pid, pid is not None and _pid_alive(pid, binary), self.log_path(name))
+            )
+        info = self._info_from_state(state) if state else None
+        ready, ready_nodes, total = False, 0, 0
+        if info is not None and all(c.running for c in components):
+            with contextlib.suppress(httpx.HTTPError, ssl.SSLError, OSError), self.client(info) as client:
+                ready = client.get("/readyz").status_code == 200
+                ready_nodes, total = self._count_ready_nodes(client)
+        return ClusterStatus(
+            self.state_dir, info.server if info else None, tuple(components), ready, ready_nodes, total
+        )
+
+    def info(self) -> ClusterInfo | None:
+        state = self._read_state()
+        return self._info_from_state(state) if state else None
+
+    def component_logs(self, tail_bytes: int = 4000) -> dict[str, str]:
+        """The end of each component's log, for failure reports."""
+        logs: dict[str, str] = {}
+        for name in COMPONENTS:
+            path = self.log_path(name)
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(max(0, path.stat().st_size - tail_bytes))
+                    logs[name] = handle.read().decode(errors="replace")
+        return logs
+
+    @contextlib.contextmanager
+    def client(self, info: ClusterInfo) -> Iterator[httpx.Client]:
+        context = ssl.create_default_context(cafile=str(info.ca_cert))
+        context.load_cert_chain(str(info.client_cert), str(info.client_key))
+        with httpx.Client(base_url=info.server, verify=context, timeout=10.0) as client:
+            yield client
+
+    # -- state -----------------------------------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return data
+
+    def _info_from_state(self, state: Mapping[str, Any]) -> ClusterInfo:
+        return ClusterInfo(
+            kubeconfig=self.kubeconfig_path,
+            server=str(state["server"]),
+            state_dir=self.state_dir,
+            ca_cert=self.pki.ca_cert,
+            client_cert=self.pki.client_cert("admin"),
+            client_key=self.pki.client_key("admin"),
+            logs_dir=self.logs_dir,
+        )
+
+    def _read_pid(self, component: str) -> int | None:
+        try:
+            return int((self.pids_dir / f"{component}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _running_info(self) -> ClusterInfo | None:
+        status = self.status()
+        if not status.running:
+            return None
+        state = self._read_state()
+        return self._info_from_state(state) if state else None
+
+    # -- processes -------------------------------------------------------------------------------------
+    def _spawn(self, component: str, binary: Path, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.pids_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path(component).open("ab")
+        try:
+            proc = subprocess.Popen(
+                [str(binary), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.state_dir,
+                start_new_session=True,
+                preexec_fn=_pdeathsig if self.settings.tie_to_parent else None,
+            )
+        finally:
+            log.close()
+        (self.pids_dir / f"{component}.pid").write_text(f"{proc.pid}\n")
+        return proc
+
+    def _stop_processes(self) -> None:
+        state = self._read_state() or {}
+        binaries: Mapping[str, str] = state.get("binaries", {})
+        targets: list[tuple[str, int]] = []
+        for name in reversed(COMPONENTS):
+            pid = self._read_pid(name)
+            binary = Path(binaries[name]) if name in binaries else None
+            if pid is not None and _pid_alive(pid, binary):
+                targets.append((name, pid))
+        for _, pid in targets:
+            self._signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.stop_timeout_s
+        for _, pid in targets:
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                self._reap(pid)
+                time.sleep(0.05)
+            if _pid_alive(pid):
+                self._signal(pid, signal.SIGKILL)
+            self._reap(pid)
+        for name in COMPONENTS:
+            (self.pids_dir / f"{name}.pid").unlink(missing_ok=True)
+
+    @staticmethod
+    def _signal(pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)  # the component and anything it spawned
+            else:
+                os.kill(pid, sig)
+
+    @staticmethod
+    def _reap(pid: int) -> None:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+    # -- startup ---------------------------------------------------------------------------------------
+    def _start(self, binaries: Mapping[str, Path]) -> ClusterInfo:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        pki = generate_pki(self.state_dir / "pki", self.settings.service_ip)
+        etcd_client, etcd_peer, apiserver_port, kwok_port = free_ports(4)
+        server = f"https://127.0.0.1:{apiserver_port}"
+        self._write_kubeconfigs(pki, server)
+        state = {
+            "server": server,
+            "ports": {
+                "etcd-client": etcd_client,
+                "etcd-peer": etcd_peer,
+                "apiserver": apiserver_port,
+                "kwok": kwok_port,
+            },
+            "binaries": {name: str(path) for name, path in binaries.items()},
+            "nodes": [asdict(pool) for pool in self.nodes],
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+        info = self._info_from_state(state)
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        procs["etcd"] = self._spawn("etcd", binaries["etcd"], self._etcd_args(etcd_client, etcd_peer))
+        self._wait("etcd", procs, lambda: self._etcd_healthy(etcd_client))
+        procs["kube-apiserver"] = self._spawn(
+            "kube-apiserver",
+            binaries["kube-apiserver"],
+            self._apiserver_args(pki, etcd_client, apiserver_port),
+        )
+        with self.client(info) as client:
+            self._wait("kube-apiserver", procs, lambda: self._ok(client, "/readyz"))
+            procs["kube-controller-manager"] = self._spawn(
+                "kube-controller-manager",
+                binaries["kube-controller-manager"],
+                self._controller_manager_args(pki),
+            )
+            procs["kube-scheduler"] = self._spawn(
+                "kube-scheduler", binaries["kube-scheduler"], self._scheduler_args()
+            )
+            procs["kwok"] = self._spawn("kwok", binaries["kwok"], self._kwok_args(kwok_port))
+        self._ensure_nodes(info)
+        self._wait_nodes_ready(info, procs)
+        with self.client(info) as client:
+            # the controller-manager is working once it has made the default ServiceAccount
+            self._wait(
+                "kube-controller-manager",
+                procs,
+                lambda: self._ok(client, "/api/v1/namespaces/default/serviceaccounts/default"),
+            )
+        return info
+
+    def _write_kubeconfigs(self, pki: Pki, server: str) -> None:
+        ca = pki.ca_cert.read_bytes()
+        for identity in ("admin", "controller-manager", "scheduler", "kwok"):
+            config = kubeconfig_dict(
+                server,
+                ca,
+                pki.client_cert(identity).read_bytes(),
+                pki.client_key(identity).read_bytes(),
+                identity,
+            )
+            path = self._kubeconfig_for(identity)
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            path.chmod(0o600)
+
+    def _etcd_args(self, client_port: int, peer_port: int) -> list[str]:
+        client_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        return [
+            "--name=disagg",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=disagg={peer_url}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync",  # a throwaway test store: durability is not needed, speed is
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self, pki: Pki, etcd_client: int, port: int) -> list[str]:
+        return [
+            f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={self.settings.service_account_issuer}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={self.settings.service_cidr}",
+            # the `kubernetes` Service cannot point at a loopback address; nothing here needs its endpoints
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            f"--v={self.settings.log_verbosity}",
+            *self.settings.extra_apiserver_args,
+        ]
+
+    def _controller_manager_args(self, pki: Pki) -> list[str]:
+        return [
+            f"--kubeconfig={self._kubeconfig_for('controller-manager')}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            "--use-service-account-credentials=true",
+            "--controllers=*",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            f"--v={self.settings.log_verbosity}",
+        ]
+
+    def _scheduler_args(self) -> list[str]:
+        return [
+            f"--kubeconfig={self._kubeconfig_for('scheduler')}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            f"--v={self.settings.log_verbosity}",
+        ]
+
+    def _kwok_args(self, port: int) -> list[str]:
+        key, value = KWOK_NODE_ANNOTATION
+        return [
+            f"--kubeconfig={self._kubeconfig_for('kwok')}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={key}={value}",
+            f"--cidr={self.settings.pod_cidr}",
+            "--node-ip=127.0.0.1",
+            f"--server-address=127.0.0.1:{port}",
+            f"--v={'DEBUG' if self.settings.log_verbosity > 2 else 'INFO'}",
+        ]
+
+    # -- waiting ---------------------------------------------------------------------------------------
+    def _wait(
+        self, component: str, procs: Mapping[str, subprocess.Popen[bytes]], check: Callable[[], bool]
+    ) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while time.monotonic() < deadline:
+            for name, proc in procs.items():
+                code = proc.poll()
+                if code is not None:
+                    raise ClusterError(self._failure(name, f"exited with code {code}"))
+            if check():
+                return
+            time.sleep(self.settings.poll_interval_s)
+        raise ClusterError(self._failure(component, f"not ready after {self.settings.start_timeout_s:.0f} s"))
+
+    def _failure(self, component: str, what: str) -> str:
+        tail = self.component_logs(3000).get(component, "(no log)")
+        return f"{component} {what}; log {self.log_path(component)} ends with:\n{tail}"
+
+    @staticmethod
+    def _etcd_healthy(port: int) -> bool:
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and '"health":"true"' in response.text.replace(" ", "")
+
+    @staticmethod
+    def _ok(client: httpx.Client, path: str) -> bool:
+        try:
+            return client.get(path).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _ensure_nodes(self, info: ClusterInfo) -> None:
+        with self.client(info) as client:
+            for pool in self.nodes:
+                for index in range(pool.count):
+                    manifest = node_manifest(pool, index)
+                    response = client.post("/api/v1/nodes", json=manifest)
+                    if response.status_code not in (201, 409):
+                        name = manifest["metadata"]["name"]
+                        raise ClusterError(
+                            f"creating node {name}: HTTP {response.status_code} {response.text}"
+                        )
+
+    def expected_node_names(self) -> list[str]:
+        return [pool.node_name(i) for pool in self.nodes for i in range(pool.count)]
+
+    def _count_ready_nodes(self, client: httpx.Client) -> tuple[int, int]:
+        response = client.get("/api/v1/nodes", params={"labelSelector": "type=kwok"})
+        response.raise_for_status()
+        items = response.json().get("items", [])
+        ready = sum(1 for node in items if _node_ready(node))
+        return ready, len(items)
+
+    def _wait_nodes_ready(
+        self, info: ClusterInfo, procs: Mapping[str, subprocess.Popen[bytes]] | None = None
+    ) -> None:
+        expected = set(self.expected_node_names())
+        with self.client(info) as client:
+
+            def all_ready() -> bool:
+                response = client.get("/api/v1/nodes", params={"labelSelector": "type=kwok"})
+                if response.status_code != 200:
+                    return False
+                ready = {n["metadata"]["name"] for n in response.json().get("items", []) if _node_ready(n)}
+                return expected <= ready
+
+            self._wait("kwok", procs or {}, all_ready)
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

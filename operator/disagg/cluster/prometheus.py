@@ -1,0 +1,234 @@
+"""A real Prometheus on 127.0.0.1 for tests and the demo, and the scrape config that discovers engine pods.
+
+``start_prometheus(config, workdir)`` writes ``config`` (a prometheus.yml as a dict) under ``workdir``,
+starts Debian's Prometheus with the lifecycle API on a free port and waits for ``/-/ready``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from disagg.cluster.binaries import BuildSettings, ensure_binary
+from disagg.cluster.local import ClusterInfo, free_ports
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus did not start, reload or answer; the message carries the end of its log."""
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 10.0
+    retention: str = "1d"
+    log_level: str = "info"
+    build: BuildSettings = field(default_factory=BuildSettings)
+
+
+@dataclass
+class PrometheusProcess:
+    url: str
+    workdir: Path
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    settings: PrometheusSettings
+
+    def reload(self, config: dict[str, Any] | None = None) -> None:
+        """Write ``config`` (if given) and ask Prometheus to reload it (POST /-/reload)."""
+        if config is not None:
+            _write_config(self.config_path, config)
+        response = httpx.post(f"{self.url}/-/reload", timeout=10.0)
+        if response.status_code != 200:
+            raise PrometheusError(
+                f"reload failed: HTTP {response.status_code} {response.text}\n{self.log_tail()}"
+            )
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant query; the ``result`` list of the answer (empty when no series matches)."""
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10.0)
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        if body.get("status") != "success":
+            raise PrometheusError(f"query {expr!r} failed: {body}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10.0)
+        response.raise_for_status()
+        targets: list[dict[str, Any]] = response.json()["data"]["activeTargets"]
+        return targets
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.settings.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        (self.workdir / "prometheus.pid").unlink(missing_ok=True)
+
+    def log_tail(self, tail_bytes: int = 3000) -> str:
+        if not self.log_path.is_file():
+            return "(no log)"
+        data = self.log_path.read_bytes()
+        return data[-tail_bytes:].decode(errors="replace")
+
+    def __enter__(self) -> PrometheusProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _write_config(path: Path, config: dict[str, Any]) -> None:
+    if not isinstance(config, dict):
+        raise PrometheusError(
+            f"config: expected a mapping (prometheus.yml as a dict), got {type(config).__name__}"
+        )
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def start_prometheus(
+    config: dict[str, Any], workdir: Path, settings: PrometheusSettings | None = None
+) -> PrometheusProcess:
+    """Start Prometheus with ``config`` on a free 127.0.0.1 port and wait until it is ready."""
+    settings = settings or PrometheusSettings()
+    binary = ensure_binary("prometheus", settings.build)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "prometheus.yml"
+    _write_config(config_path, config)
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    log_path = workdir / "prometheus.log"
+    args = [
+        str(binary),
+        f"--config.file={config_path}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--storage.tsdb.retention.time={settings.retention}",
+        f"--log.level={settings.log_level}",
+    ]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
+        )
+    (workdir / "prometheus.pid").write_text(f"{process.pid}\n")
+    prom = PrometheusProcess(url, workdir, config_path, log_path, process, settings)
+    try:
+        _wait_ready(prom)
+    except BaseException:
+        prom.stop()
+        raise
+    return prom
+
+
+def _wait_ready(prom: PrometheusProcess) -> None:
+    deadline = time.monotonic() + prom.settings.start_timeout_s
+    while time.monotonic() < deadline:
+        code = prom.process.poll()
+        if code is not None:
+            raise PrometheusError(f"prometheus exited with code {code}:\n{prom.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{prom.url}/-/ready", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise PrometheusError(
+        f"prometheus not ready after {prom.settings.start_timeout_s:.0f} s:\n{prom.log_tail()}"
+    )
+
+
+# Pods may name the address to scrape explicitly (for emulated engines listening on 127.0.0.1, since
+# kwok's pod IPs are not routable); otherwise the pod IP and the prometheus.io/port annotation are used.
+SCRAPE_ADDRESS_ANNOTATION = "disagg.dev/scrape-address"
+
+
+def _meta_annotation(name: str) -> str:
+    return "__meta_kubernetes_pod_annotation_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _meta_label(name: str) -> str:
+    return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def kubernetes_pod_sd_config(
+    cluster: ClusterInfo, namespace: str, job_name: str | None = None, scrape_interval: str | None = None
+) -> dict[str, Any]:
+    """A scrape config discovering the pods of ``namespace`` through the local apiserver.
+
+    Keeps Running pods annotated ``prometheus.io/scrape: "true"`` (one target per pod: the container port
+    named ``http`` or a pod without declared ports), scrapes ``prometheus.io/path`` at the pod IP and
+    ``prometheus.io/port`` (or at ``disagg.dev/scrape-address`` when set), and labels the series with
+    ``namespace``, ``pod``, ``role`` (disagg.dev/role) and ``disagg_deployment`` (disagg.dev/deployment).
+    """
+    # Relabelling semantics per https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config
+    relabel: list[dict[str, Any]] = [
+        {"source_labels": [_meta_annotation("prometheus.io/scrape")], "regex": "true", "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "|http", "action": "keep"},
+        {
+            "source_labels": ["__meta_kubernetes_pod_ip", _meta_annotation("prometheus.io/port")],
+            "regex": r"(.+);(\d+)",
+            "replacement": "$1:$2",
+            "target_label": "__address__",
+        },
+        {
+            "source_labels": [_meta_annotation(SCRAPE_ADDRESS_ANNOTATION)],
+            "regex": "(.+)",
+            "replacement": "$1",
+            "target_label": "__address__",
+        },
+        {
+            "source_labels": [_meta_annotation("prometheus.io/path")],
+            "regex": "(.+)",
+            "replacement": "$1",
+            "target_label": "__metrics_path__",
+        },
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": [_meta_label("disagg.dev/role")], "target_label": "role"},
+        {"source_labels": [_meta_label("disagg.dev/deployment")], "target_label": "disagg_deployment"},
+    ]
+    config: dict[str, Any] = {
+        "job_name": job_name or f"kubernetes-pods-{namespace}",
+        "kubernetes_sd_configs": [
+            {
+                "role": "pod",
+                "api_server": cluster.server,
+                "namespaces": {"names": [namespace]},
+                "tls_config": {
+                    "ca_file": str(cluster.ca_cert),
+                    "cert_file": str(cluster.client_cert),
+                    "key_file": str(cluster.client_key),
+                },
+            }
+        ],
+        "relabel_configs": relabel,
+    }
+    if scrape_interval is not None:
+        config["scrape_interval"] = scrape_interval
+    return config
