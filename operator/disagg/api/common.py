@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "disagg.dev"
@@ -212,3 +212,26 @@ def set_condition(
             )
         )
     return result
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif "[" in part or "-" in part or "function-" in part:
+            continue  # pydantic's union/validator tags, not fields
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def describe_validation_error(exc: ValidationError) -> list[str]:
+    """One line per problem, each naming the field by its API path (camelCase), e.g.
+    ``spec.prefill.tensorParallelSize: Input should be greater than or equal to 1``."""
+    lines = []
+    for error in exc.errors():
+        path = _loc_path(tuple(error["loc"]))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{path}: {message}" if path else message)
+    return lines

@@ -1,1 +1,92 @@
-"""Pure rendering: a DisaggregatedDeployment spec to the child manifests, per engine and KV connector."""
+"""Pure rendering: a DisaggregatedDeployment spec to the child manifests, per engine and KV connector.
+
+``render_children(dd, replicas)`` returns every child as a dict (no ownerReferences: the k8s layer adds
+them); ``effective_replicas(dd)`` says which replica counts the reconciler applies. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from disagg.api.deployment import ROLE_NAMES, DisaggregatedDeployment
+from disagg.render.builders import (
+    build_connector_configmap,
+    build_decode_deployment,
+    build_engine_pod_template,
+    build_pdb,
+    build_prefill_deployment,
+    build_role_service,
+    build_router_deployment,
+    build_router_rbac,
+    build_router_service,
+    deep_merge,
+)
+from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
+
+
+def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
+    """Replicas per role the reconciler applies.
+
+    status.autoscaling.desiredReplicas clamped to spec.autoscaling.<role> bounds when autoscaling is
+    enabled, its mode is active and that field exists; spec.<role>.replicas otherwise.
+    """
+    spec = dd.spec
+    result: dict[str, int] = {role: spec.role(role).replicas for role in ROLE_NAMES}
+    auto = spec.autoscaling
+    status = dd.status.autoscaling if dd.status else None
+    if auto is None or not auto.enabled or status is None or status.mode != "active":
+        return result
+    desired = status.desired_replicas
+    if desired is None:
+        return result
+    for role in ROLE_NAMES:
+        value = desired.prefill if role == "prefill" else desired.decode
+        bounds = auto.bounds(role)
+        result[role] = bounds.clamp(value) if bounds else value
+    return result
+
+
+def render_children(
+    dd: DisaggregatedDeployment,
+    replicas: Mapping[str, int] | None = None,
+    settings: RenderSettings = DEFAULT_SETTINGS,
+) -> list[dict[str, Any]]:
+    """Every child of ``dd``, in apply order (config and RBAC, Services, Deployments, PDBs).
+
+    ``replicas`` overrides the pools' replica counts (e.g. :func:`effective_replicas`); a missing role
+    keeps spec.<role>.replicas.
+    """
+    counts = dict(replicas or {})
+    children: list[dict[str, Any]] = []
+    configmap = build_connector_configmap(dd, settings)
+    if configmap is not None:
+        children.append(configmap)
+    children += build_router_rbac(dd)
+    for role in ROLE_NAMES:
+        children.append(build_role_service(dd, role, headless=False, settings=settings))
+        children.append(build_role_service(dd, role, headless=True, settings=settings))
+    children.append(build_router_service(dd, settings))
+    children.append(build_prefill_deployment(dd, counts.get("prefill"), settings))
+    children.append(build_decode_deployment(dd, counts.get("decode"), settings))
+    children.append(build_router_deployment(dd, None, settings))
+    children += [build_pdb(dd, role) for role in ROLE_NAMES]
+    return children
+
+
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "RenderSettings",
+    "build_connector_configmap",
+    "build_decode_deployment",
+    "build_engine_pod_template",
+    "build_pdb",
+    "build_prefill_deployment",
+    "build_role_service",
+    "build_router_deployment",
+    "build_router_rbac",
+    "build_router_service",
+    "deep_merge",
+    "effective_replicas",
+    "render_children",
+]

@@ -1,0 +1,435 @@
+"""Builders of every child manifest of a DisaggregatedDeployment. Pure: spec in, dicts out.
+
+No ownerReferences here (the k8s layer adds them) and no status. Each builder returns one manifest as a
+plain dict ready for server-side apply.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from disagg.api.common import EnvVar
+from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
+from disagg.render.engines import (
+    EngineContainer,
+    engine_container,
+    engine_image,
+    engine_port,
+    lmcache_config,
+)
+from disagg.render.names import (
+    DEPLOYMENT_LABEL,
+    ROLE_LABEL,
+    Component,
+    child_name,
+    connector_configmap_name,
+    headless_name,
+    labels,
+    selector_labels,
+)
+from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
+
+Obj = dict[str, Any]
+ENGINE_CONTAINER = "engine"
+ROUTER_CONTAINER = "router"
+POD_NAMESPACE_ENV: Obj = {
+    "name": "POD_NAMESPACE",
+    "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+}
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _metadata(dd: DisaggregatedDeployment, name: str, component: Component) -> Obj:
+    return {"name": name, "namespace": dd.namespace, "labels": labels(dd.name, component)}
+
+
+def _env(items: list[EnvVar]) -> list[Obj]:
+    return [item.to_api() for item in items]
+
+
+def dedupe_env(env: list[Obj]) -> list[Obj]:
+    """One entry per name, the last one winning (user env overrides ours), first position kept."""
+    by_name: dict[str, Obj] = {}
+    for item in env:
+        by_name[item["name"]] = item
+    seen: set[str] = set()
+    result = []
+    for item in env:
+        if item["name"] not in seen:
+            seen.add(item["name"])
+            result.append(by_name[item["name"]])
+    return result
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """``override`` merged over ``base``: dicts recursively, lists of named objects by name, rest replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(override, list) and _named(base) and _named(override):
+        result = [copy.deepcopy(item) for item in base]
+        index = {item["name"]: i for i, item in enumerate(result)}
+        for item in override:
+            if item["name"] in index:
+                result[index[item["name"]]] = deep_merge(result[index[item["name"]]], item)
+            else:
+                result.append(copy.deepcopy(item))
+        return result
+    return copy.deepcopy(override)
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(item, dict) and isinstance(item.get("name"), str) for item in items)
+
+
+def _health_check() -> Obj:
+    """Engines answer GET /health with 200 once the model is loaded (vLLM and SGLang HTTP servers)."""
+    return {"path": "/health", "port": "http"}
+
+
+def _quantities(values: dict[str, Any]) -> dict[str, str]:
+    """Quantities as strings, the form the API server returns (so applied and live objects compare)."""
+    return {name: str(value) for name, value in values.items()}
+
+
+def engine_resources(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
+    """The role's resources with nvidia.com/gpu = GPUs per replica in both requests and limits."""
+    role_spec = dd.spec.role(role)
+    given = role_spec.resources.to_api() if role_spec.resources else {}
+    requests = _quantities(given.get("requests", {}))
+    limits = _quantities(given.get("limits", {}))
+    requests[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
+    limits[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
+    return {"requests": requests, "limits": limits}
+
+
+# -------------------------------------------------------------------------------------------- engines
+
+
+def build_engine_pod_template(
+    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    """The pod template of one pool: engine container, probes, graceful drain, /dev/shm, placement."""
+    role_spec = dd.spec.role(role)
+    engine: EngineContainer = engine_container(dd, role, settings)
+    port = engine.http_port
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+        **engine.annotations,
+    }
+    container: Obj = {
+        "name": ENGINE_CONTAINER,
+        "image": engine_image(dd, settings),
+        "command": engine.command,
+        "args": engine.args,
+        "env": dedupe_env([POD_NAMESPACE_ENV, *engine.env, *_env(dd.spec.engine.env), *_env(role_spec.env)]),
+        "ports": engine.ports,
+        "resources": engine_resources(dd, role),
+        "startupProbe": {
+            "httpGet": _health_check(),
+            "periodSeconds": settings.startup_period_seconds,
+            "failureThreshold": max(1, role_spec.startup_timeout_seconds // settings.startup_period_seconds),
+        },
+        "readinessProbe": {
+            "httpGet": _health_check(),
+            "periodSeconds": settings.readiness_period_seconds,
+            "failureThreshold": settings.readiness_failure_threshold,
+        },
+        "livenessProbe": {
+            "httpGet": _health_check(),
+            "periodSeconds": settings.liveness_period_seconds,
+            "failureThreshold": settings.liveness_failure_threshold,
+            "timeoutSeconds": 5,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(role_spec.pre_stop_sleep_seconds)]}}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *engine.volume_mounts],
+    }
+    if dd.spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = dd.spec.engine.image_pull_policy
+    pod_spec: Obj = {
+        # Service links would inject e.g. VLLM_PORT for a Service named "vllm" and break the engine.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": role_spec.pre_stop_sleep_seconds
+        + role_spec.shutdown_timeout_seconds
+        + settings.grace_margin_seconds,
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+            *engine.volumes,
+        ],
+    }
+    if role_spec.node_selector:
+        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(role_spec.tolerations)
+    if role_spec.affinity:
+        pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
+    template: Obj = {
+        "metadata": {"labels": labels(dd.name, role), "annotations": annotations},
+        "spec": pod_spec,
+    }
+    if role_spec.pod_template:
+        template = deep_merge(template, role_spec.pod_template)
+        # The selector must keep matching whatever the override did to the labels.
+        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(dd.name, role)}
+    merged: Obj = template
+    return merged
+
+
+def build_role_deployment(
+    dd: DisaggregatedDeployment, role: RoleName, replicas: int, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    role_spec = dd.spec.role(role)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(dd, child_name(dd.name, role), role),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(dd.name, role)},
+            # Surge one replica rather than drop capacity during a rollout of a serving pool.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": role_spec.startup_timeout_seconds + settings.progress_margin_seconds,
+            "template": build_engine_pod_template(dd, role, settings),
+        },
+    }
+
+
+def build_prefill_deployment(
+    dd: DisaggregatedDeployment, replicas: int | None = None, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    count = dd.spec.prefill.replicas if replicas is None else replicas
+    return build_role_deployment(dd, "prefill", count, settings)
+
+
+def build_decode_deployment(
+    dd: DisaggregatedDeployment, replicas: int | None = None, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    count = dd.spec.decode.replicas if replicas is None else replicas
+    return build_role_deployment(dd, "decode", count, settings)
+
+
+def _service_ports(container_ports: list[Obj]) -> list[Obj]:
+    return [
+        {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
+        for p in container_ports
+    ]
+
+
+def build_role_service(
+    dd: DisaggregatedDeployment,
+    role: RoleName,
+    headless: bool = False,
+    settings: RenderSettings = DEFAULT_SETTINGS,
+) -> Obj:
+    """``NAME-ROLE`` (ClusterIP, the engine's http port) or ``NAME-ROLE-headless`` (every engine port,
+    one DNS record per ready pod, for discovery)."""
+    engine = engine_container(dd, role, settings)
+    ports = engine.ports if headless else engine.ports[:1]
+    spec: Obj = {"selector": selector_labels(dd.name, role), "ports": _service_ports(ports)}
+    if headless:
+        spec["clusterIP"] = "None"
+    name = headless_name(dd.name, role) if headless else child_name(dd.name, role)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(dd, name, role), "spec": spec}
+
+
+def build_pdb(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(dd, child_name(dd.name, role), role),
+        "spec": {
+            "maxUnavailable": dd.spec.role(role).max_unavailable,
+            "selector": {"matchLabels": selector_labels(dd.name, role)},
+        },
+    }
+
+
+def build_connector_configmap(
+    dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj | None:
+    """Files a connector reads (LMCache's sender and receiver configuration); None when none needs any."""
+    if dd.spec.kv_transfer.connector != "lmcache":
+        return None
+    data = {
+        f"{role}.yaml": yaml.safe_dump(lmcache_config(dd, role, settings), sort_keys=True)
+        for role in ("prefill", "decode")
+    }
+    meta = _metadata(dd, connector_configmap_name(dd.name, "lmcache"), "prefill")
+    meta["labels"] = {
+        k: v for k, v in meta["labels"].items() if k not in ("app.kubernetes.io/component", ROLE_LABEL)
+    }
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+# --------------------------------------------------------------------------------------------- router
+
+
+def router_image(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> str:
+    if dd.spec.router.image:
+        return dd.spec.router.image
+    if dd.spec.engine.type == "sglang":
+        return dd.spec.engine.image or settings.sglang_image
+    return settings.vllm_router_image
+
+
+def _selector_args(dd: DisaggregatedDeployment, role: RoleName) -> list[str]:
+    return [f"{DEPLOYMENT_LABEL}={dd.name}", f"{ROLE_LABEL}={role}"]
+
+
+def router_command(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> list[str]:
+    """The router's command line: PD mode with Kubernetes service discovery of both pools.
+
+    SGLang: ``python3 -m sglang_router.launch_router --pd-disaggregation --service-discovery ...``
+    (sgl-router launch_router.py). vLLM: ``vllm-router --vllm-pd-disaggregation --service-discovery ...``
+    (github.com/vllm-project/router, same discovery flags). The namespace comes from the downward API
+    ($(POD_NAMESPACE) is expanded by the kubelet).
+    """
+    if dd.spec.engine.type == "sglang":
+        head = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    else:
+        head = ["vllm-router", "--vllm-pd-disaggregation"]
+    return [
+        *head,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(dd.spec.router.port),
+        "--service-discovery",
+        "--service-discovery-namespace",
+        "$(POD_NAMESPACE)",
+        "--service-discovery-port",
+        str(engine_port(dd, settings)),
+        "--prefill-selector",
+        *_selector_args(dd, "prefill"),
+        "--decode-selector",
+        *_selector_args(dd, "decode"),
+        "--prometheus-host",
+        "0.0.0.0",
+        "--prometheus-port",
+        str(settings.router_metrics_port),
+        *dd.spec.router.args,
+    ]
+
+
+def router_ports(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> list[Obj]:
+    """Router container ports: http, metrics, and what a connector's proxy protocol needs."""
+    ports = [
+        {"name": "http", "containerPort": dd.spec.router.port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": settings.router_metrics_port, "protocol": "TCP"},
+    ]
+    connector = dd.spec.kv_transfer.connector
+    if dd.spec.engine.type == "vllm" and connector == "lmcache":
+        ports.append({"name": "lmc-proxy", "containerPort": settings.lmcache_proxy_port, "protocol": "TCP"})
+    if dd.spec.engine.type == "vllm" and connector == "p2p-nccl":
+        ports.append({"name": "p2p-proxy", "containerPort": settings.p2p_proxy_port, "protocol": "TCP"})
+    return ports
+
+
+def build_router_deployment(
+    dd: DisaggregatedDeployment, replicas: int | None = None, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    router = dd.spec.router
+    given = router.resources.to_api() if router.resources else {}
+    resources = {kind: _quantities(values) for kind, values in given.items()}
+    resources.setdefault(
+        "requests", {"cpu": settings.router_cpu_request, "memory": settings.router_memory_request}
+    )
+    container: Obj = {
+        "name": ROUTER_CONTAINER,
+        "image": router_image(dd, settings),
+        "command": router_command(dd, settings),
+        "env": dedupe_env([POD_NAMESPACE_ENV, *_env(router.env)]),
+        "ports": router_ports(dd, settings),
+        "resources": resources,
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 15,
+            "failureThreshold": 4,
+        },
+    }
+    pod_spec: Obj = {
+        "serviceAccountName": child_name(dd.name, "router"),
+        "enableServiceLinks": False,
+        "containers": [container],
+    }
+    if router.node_selector:
+        pod_spec["nodeSelector"] = dict(router.node_selector)
+    if router.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(router.tolerations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(dd, child_name(dd.name, "router"), "router"),
+        "spec": {
+            "replicas": router.replicas if replicas is None else replicas,
+            "selector": {"matchLabels": selector_labels(dd.name, "router")},
+            "template": {
+                "metadata": {
+                    "labels": labels(dd.name, "router"),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(settings.router_metrics_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_router_service(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> Obj:
+    ports = [
+        {
+            "name": p["name"],
+            "port": dd.spec.router.port if p["name"] == "http" else p["containerPort"],
+            "targetPort": p["name"],
+            "protocol": "TCP",
+        }
+        for p in router_ports(dd, settings)
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(dd, child_name(dd.name, "router"), "router"),
+        "spec": {
+            "type": dd.spec.router.service_type,
+            "selector": selector_labels(dd.name, "router"),
+            "ports": ports,
+        },
+    }
+
+
+def build_router_rbac(dd: DisaggregatedDeployment) -> list[Obj]:
+    """ServiceAccount, Role and RoleBinding that let the router list and watch the pools' pods."""
+    name = child_name(dd.name, "router")
+    service_account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(dd, name, "router"),
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(dd, name, "router"),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(dd, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": dd.namespace}],
+    }
+    return [service_account, role, binding]
