@@ -1,0 +1,8 @@
+"""The live twin: emulated vLLM/SGLang engines that run in real time behind HTTP endpoints.
+
+Each simulated pod gets an asyncio engine (continuous batching paced by the latency model's step
+times, with wall-clock sleeps scaled by ``time_scale``), an aiohttp server on 127.0.0.1 with the
+engine's Prometheus exposition, ``/health``, ``/v1/models`` and the OpenAI completion APIs (with
+vLLM's NIXL P/D handshake), a follower that mirrors the pods of a DisaggregatedDeployment, a
+built-in toy P/D proxy and a bounded load generator. Token text is synthetic (deterministic words).
+"""

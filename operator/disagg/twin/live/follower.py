@@ -1,0 +1,292 @@
+"""Following a DisaggregatedDeployment's pods on a cluster: one simulated engine per Running pod.
+
+The follower lists and watches the pods labelled ``disagg.dev/deployment=<name>`` (role from
+``disagg.dev/role``), tells the pod pool which ones should serve (Running, not being deleted), and
+annotates each serving pod with ``disagg.dev/twin-endpoint: 127.0.0.1:PORT`` so a Prometheus using
+kubernetes_sd (role pod) can point ``__address__`` at it. Which latency model a pod runs comes from the
+DisaggregatedDeployment (model name, quantization, engine) and the pod itself (GPU type from its
+nodeSelector, tensor-parallel size from its ``nvidia.com/gpu`` limit), with CLI overrides first.
+The Kubernetes client is synchronous, so its calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from disagg.twin.live.engine import Role
+from disagg.twin.live.exposition import ENGINE_KINDS, EngineKind
+from disagg.twin.live.latency import LatencyChoice
+from disagg.twin.live.pods import PodPool, PodSpec
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_ANNOTATION = "disagg.dev/twin-endpoint"
+ROLE_LABEL = "disagg.dev/role"
+DEPLOYMENT_LABEL = "disagg.dev/deployment"
+GPU_TYPE_LABEL = "disagg.dev/gpu-type"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+FOLLOWED_ROLES: tuple[Role, ...] = ("prefill", "decode")
+DD_GROUP, DD_VERSION, DD_PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """CLI choices that win over what the cluster says (None: take the cluster's)."""
+
+    model: str | None = None
+    gpu: str | None = None
+    tp: int | None = None
+    dtype: str | None = None
+    engine: EngineKind | None = None
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a pod runs when neither the pod nor an override says otherwise."""
+
+    model: str = "llama-3.1-8b"
+    served_model: str = ""
+    gpu: str = "h100"
+    dtype: str = "bf16"
+    engine: EngineKind = "vllm"
+    tp: Mapping[str, int] | None = None  # role -> TP from the DD spec
+    node_selector: Mapping[str, Mapping[str, str]] | None = None  # role -> nodeSelector from the DD spec
+
+
+def defaults_from_deployment(obj: Mapping[str, Any] | None, fallback: Defaults | None = None) -> Defaults:
+    """Model, engine, TP and node selectors from a DisaggregatedDeployment object (dict), if there is one."""
+    base = fallback or Defaults()
+    if obj is None:
+        return base
+    from disagg.api.deployment import DisaggregatedDeployment
+
+    dd = DisaggregatedDeployment.model_validate(dict(obj))
+    spec = dd.spec
+    engine = spec.engine.type
+    return Defaults(
+        model=spec.model.name,
+        served_model=spec.model.served,
+        gpu=base.gpu,
+        dtype="fp8" if (spec.model.quantization or "").startswith("fp8") else base.dtype,
+        engine=engine if engine in ENGINE_KINDS else base.engine,
+        tp={"prefill": spec.prefill.tensor_parallel_size, "decode": spec.decode.tensor_parallel_size},
+        node_selector={
+            "prefill": spec.prefill.node_selector or {},
+            "decode": spec.decode.node_selector or {},
+        },
+    )
+
+
+def _gpu_from_selector(selector: Mapping[str, str] | None) -> str | None:
+    if not selector:
+        return None
+    return selector.get(GPU_TYPE_LABEL) or selector.get(GPU_PRODUCT_LABEL)
+
+
+def _gpu_limit(pod: Mapping[str, Any]) -> int | None:
+    for container in pod.get("spec", {}).get("containers", []) or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if GPU_RESOURCE in limits:
+            try:
+                return int(str(limits[GPU_RESOURCE]))
+            except ValueError:
+                return None
+    return None
+
+
+def is_serving_pod(pod: Mapping[str, Any]) -> bool:
+    """Running and not being deleted (kwok marks its pods Running)."""
+    meta = pod.get("metadata", {})
+    return pod.get("status", {}).get("phase") == "Running" and not meta.get("deletionTimestamp")
+
+
+def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Overrides) -> PodSpec | None:
+    """The simulated pod for a pod object (dict), or None when it should not serve."""
+    meta = pod.get("metadata", {})
+    role = (meta.get("labels") or {}).get(ROLE_LABEL)
+    if role not in FOLLOWED_ROLES or not is_serving_pod(pod):
+        return None
+    role = cast(Role, role)
+    selector = pod.get("spec", {}).get("nodeSelector")
+    gpu = (
+        overrides.gpu
+        or _gpu_from_selector(selector)
+        or _gpu_from_selector((defaults.node_selector or {}).get(role))
+        or defaults.gpu
+    )
+    tp = overrides.tp or _gpu_limit(pod) or (defaults.tp or {}).get(role) or 1
+    choice = LatencyChoice(
+        model=overrides.model or defaults.model,
+        gpu=gpu,
+        tp=tp,
+        dtype=overrides.dtype or defaults.dtype,
+    )
+    return PodSpec(
+        name=str(meta["name"]),
+        role=role,
+        choice=choice,
+        engine=overrides.engine or defaults.engine,
+        served_model=defaults.served_model or (overrides.model or defaults.model),
+    )
+
+
+class PodFollower:
+    """Mirrors the pods of one DisaggregatedDeployment into a PodPool until ``stop()``."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        deployment: str,
+        pool: PodPool,
+        overrides: Overrides | None = None,
+        fallback: Defaults | None = None,
+        watch_timeout_s: int = 10,
+    ) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.api_client = api_client
+        self.namespace = namespace
+        self.deployment = deployment
+        self.pool = pool
+        self.overrides = overrides or Overrides()
+        self.fallback = fallback or Defaults()
+        self.watch_timeout_s = watch_timeout_s
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.annotated: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        pool.on_ready = self.annotate
+
+    @property
+    def selector(self) -> str:
+        return f"{DEPLOYMENT_LABEL}={self.deployment}"
+
+    def _read_deployment(self) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                DD_GROUP, DD_VERSION, self.namespace, DD_PLURAL, self.deployment
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], obj)
+
+    def _defaults(self) -> Defaults:
+        try:
+            obj = self._read_deployment()
+        except Exception:  # no CRD installed yet, or forbidden: run with the fallback
+            log.warning("cannot read DisaggregatedDeployment %s/%s", self.namespace, self.deployment)
+            return self.fallback
+        return defaults_from_deployment(obj, self.fallback)
+
+    async def run(self) -> None:
+        """List, then watch; on every change hand the wanted pods to the pool. Restarts the watch."""
+        loop = asyncio.get_running_loop()
+        changes: asyncio.Queue[None] = asyncio.Queue()
+        while not self._stop.is_set():
+            defaults = await asyncio.to_thread(self._defaults)
+            version = await asyncio.to_thread(self._list)
+            await self._apply(defaults)
+            watcher = loop.run_in_executor(None, self._watch, version, loop, changes)
+            while not watcher.done():
+                getter = asyncio.ensure_future(changes.get())
+                await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                getter.cancel()
+                await self._apply(defaults)
+            try:
+                await watcher
+            except Exception:
+                log.exception("pod watch failed; listing again")
+                await asyncio.sleep(1.0)
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name=f"follow-{self.deployment}")
+        return self._task
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def _list(self) -> str:
+        listing = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        raw: dict[str, Any] = self.api_client.sanitize_for_serialization(listing)
+        self.pods = {p["metadata"]["name"]: p for p in raw.get("items") or []}
+        return str(raw["metadata"]["resourceVersion"])
+
+    def _watch(self, version: str, loop: asyncio.AbstractEventLoop, changes: asyncio.Queue[None]) -> None:
+        from kubernetes import watch
+
+        stream: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        for event in stream.stream(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=self.selector,
+            resource_version=version,
+            timeout_seconds=self.watch_timeout_s,
+        ):
+            if self._stop.is_set():
+                stream.stop()
+                break
+            kind = event.get("type")
+            obj = event.get("raw_object") or self.api_client.sanitize_for_serialization(event["object"])
+            name = obj.get("metadata", {}).get("name")
+            if kind == "ERROR" or not name:
+                break
+            if kind == "DELETED":
+                self.pods.pop(name, None)
+            else:
+                self.pods[name] = obj
+            loop.call_soon_threadsafe(changes.put_nowait, None)
+
+    async def _apply(self, defaults: Defaults) -> None:
+        wanted: dict[str, PodSpec] = {}
+        for obj in list(self.pods.values()):
+            try:
+                spec = pod_spec_for(obj, defaults, self.overrides)
+            except ValueError as err:
+                log.error("pod %s: %s", obj.get("metadata", {}).get("name"), err)
+                continue
+            if spec is not None:
+                wanted[spec.name] = spec
+        await self.pool.reconcile(wanted)
+        for name in [n for n in self.annotated if n not in wanted]:
+            del self.annotated[name]
+        await self._annotate_missing()
+
+    async def _annotate_missing(self) -> None:
+        """Annotate serving pods whose annotation is absent or stale (e.g. after a failed patch)."""
+        for name, pod in list(self.pool.pods.items()):
+            if pod.state != "serving" or pod.server is None:
+                continue
+            endpoint = pod.server.endpoint
+            if self.annotated.get(name) != endpoint:
+                await self.annotate(name, endpoint)
+
+    async def annotate(self, name: str, endpoint: str) -> None:
+        """Set the endpoint annotation on a pod (the pool's ready hook calls this too)."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint}}}
+        try:
+            await asyncio.to_thread(self.core.patch_namespaced_pod, name, self.namespace, body)
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        self.annotated[name] = endpoint

@@ -1,0 +1,154 @@
+"""The twin's built-in toy P/D proxy: prefill first, then stream from decode, with vLLM's NIXL handshake.
+
+No real router runs in tests or the demo, so this stands in for one. It does what vLLM's
+tests/v1/kv_connector/nixl_integration/toy_proxy_server.py does (re-implemented, not copied): send the
+request to a prefill endpoint with ``kv_transfer_params = {do_remote_decode: true, do_remote_prefill:
+false, remote_*: null}``, ``stream: false`` and ``max_tokens: 1``; take the ``kv_transfer_params`` of
+that answer; send the original request with them to a decode endpoint and stream its answer back.
+Endpoints are picked round robin from callables, so the pool can change while it runs. It listens on
+127.0.0.1 only and only forwards to 127.0.0.1 endpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from disagg.twin.live.server import ServerSettings, bound_port, error_response
+
+EndpointSource = Callable[[], Sequence[str]]  # current endpoints as "127.0.0.1:PORT"
+
+
+def check_local_endpoint(endpoint: str) -> str:
+    """The endpoint as host:port, refusing anything that is not 127.0.0.1/localhost."""
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+        raise ValueError(f"endpoint must be 127.0.0.1:PORT, got {endpoint!r}")
+    return f"{parts.hostname}:{parts.port}"
+
+
+def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The body sent to the prefill engine (the toy proxy's send_request_to_service)."""
+    out = dict(body)
+    out["kv_transfer_params"] = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    out["stream"] = False
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out.pop("stream_options", None)
+    out.pop("min_tokens", None)
+    out.pop("min_completion_tokens", None)
+    return out
+
+
+class ToyPDProxy:
+    """A minimal P/D proxy in front of twin endpoints (round robin on each side)."""
+
+    def __init__(
+        self,
+        prefill: EndpointSource,
+        decode: EndpointSource,
+        settings: ServerSettings | None = None,
+    ) -> None:
+        self.prefill = prefill
+        self.decode = decode
+        self.settings = settings or ServerSettings()
+        self.port = 0
+        self._counter = itertools.count()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def _pick(self, source: EndpointSource) -> str | None:
+        endpoints = sorted(source())
+        if not endpoints:
+            return None
+        return check_local_endpoint(endpoints[next(self._counter) % len(endpoints)])
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        await site.start()
+        self._runner = runner
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        self.port = bound_port(runner)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok = bool(self.prefill()) and bool(self.decode())
+        return web.json_response(
+            {
+                "status": "ok" if ok else "no endpoints",
+                "prefill": len(self.prefill()),
+                "decode": len(self.decode()),
+            },
+            status=200 if ok else 503,
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._forward(request, "/v1/completions")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._forward(request, "/v1/chat/completions")
+
+    async def _forward(self, request: web.Request, path: str) -> web.StreamResponse:
+        assert self._session is not None
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return error_response(400, "request body must be JSON")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object")
+        prefill, decode = self._pick(self.prefill), self._pick(self.decode)
+        if prefill is None or decode is None:
+            return error_response(503, "no ready prefill or decode endpoint")
+        headers = {"X-Request-Id": request.headers.get("X-Request-Id", f"proxy-{next(self._counter)}")}
+        async with self._session.post(
+            f"http://{prefill}{path}", json=prefill_request(body), headers=headers
+        ) as r:
+            answer = await r.json(content_type=None)
+            if r.status != 200:
+                return web.json_response(answer, status=r.status)
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if params:
+            body = {**body, "kv_transfer_params": params}
+        async with self._session.post(f"http://{decode}{path}", json=body, headers=headers) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            )
+            await response.prepare(request)
+            async for data in upstream.content.iter_any():
+                await response.write(data)
+            await response.write_eof()
+            return response

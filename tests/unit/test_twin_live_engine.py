@@ -1,0 +1,230 @@
+"""The live engine's scheduling and the request/handshake parsing of the live twin (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from disagg.twin.latency import load_latency_model
+from disagg.twin.live.engine import (
+    EngineSettings,
+    EngineUnavailable,
+    LiveEngine,
+    RequestError,
+    parse_kv_transfer_params,
+)
+from disagg.twin.live.exposition import VllmMetrics, render
+from disagg.twin.live.follower import Defaults, Overrides, pod_spec_for
+from disagg.twin.live.proxy import check_local_endpoint, prefill_request
+from disagg.twin.live.server import prompt_token_count, requested_max_tokens
+
+MODEL = load_latency_model("llama-3.1-8b", "h100", 1)
+FAST = EngineSettings(time_scale=0.02)
+
+
+def _engine(settings: EngineSettings = FAST, capacity: int = 0) -> LiveEngine:
+    return LiveEngine(
+        MODEL,
+        VllmMetrics("m", settings.max_model_len),
+        settings,
+        engine_id="pod-0",
+        kv_capacity_tokens=capacity or MODEL.kv_capacity_tokens,
+        side_channel=("127.0.0.1", 8000),
+    )
+
+
+async def _drain_all(engine: LiveEngine, *requests: Any) -> list[list[str]]:
+    async def collect(request: Any) -> list[str]:
+        return [event.text async for event in engine.stream(request) if event.finish_reason is None]
+
+    return list(await asyncio.gather(*(collect(r) for r in requests)))
+
+
+def test_requests_get_their_tokens_and_timings_follow_the_latency_model() -> None:
+    async def scenario() -> LiveEngine:
+        engine = _engine()
+        engine.start()
+        a = engine.submit(2048, 8)
+        b = engine.submit(128, 4)
+        texts = await _drain_all(engine, a, b)
+        assert [len(t) for t in texts] == [8, 4]
+        await engine.stop()
+        return engine
+
+    engine = asyncio.run(scenario())
+    records = {r.prompt_tokens: r for r in engine.records}
+    long = records[2048]
+    assert long.finish_reason == "length" and long.generation_tokens == 8
+    # Both prompts share the first step, so TTFT is at least the batched prefill's modelled time.
+    assert long.ttft_s is not None and long.ttft_s >= MODEL.prefill_time_s([2048, 128])
+    assert len(long.itls_s) == 7
+    assert min(long.itls_s) >= MODEL.decode_step_time_s(1, 2049)
+    assert engine.used_blocks == 0
+
+
+def test_kv_capacity_queues_requests_until_blocks_free() -> None:
+    async def scenario() -> LiveEngine:
+        # 8 blocks of 16 tokens: one 100-token request (7 blocks + growth) at a time.
+        engine = _engine(capacity=128)
+        engine.start()
+        first = engine.submit(100, 4)
+        second = engine.submit(100, 4)
+        await _drain_all(engine, first, second)
+        await engine.stop()
+        return engine
+
+    engine = asyncio.run(scenario())
+    first, second = sorted(engine.records, key=lambda r: r.request_id)
+    assert first.ttft_s is not None and second.ttft_s is not None
+    assert second.ttft_s > first.ttft_s + 3 * MODEL.decode_step_time_s(1, 100)
+
+
+def test_prefill_with_remote_decode_answers_the_nixl_handshake() -> None:
+    async def scenario() -> dict[str, Any]:
+        engine = _engine()
+        engine.start()
+        request = engine.submit(100, 50, {"do_remote_decode": True, "do_remote_prefill": False})
+        events = [e async for e in engine.stream(request)]
+        await engine.stop()
+        assert [e.finish_reason for e in events] == [None, "length"]  # max_tokens forced to 1
+        assert events[-1].kv_transfer_params is not None
+        return dict(events[-1].kv_transfer_params)
+
+    params = asyncio.run(scenario())
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert params["remote_engine_id"] == "pod-0"
+    assert params["remote_host"] == "127.0.0.1" and params["remote_port"] == 8000
+    assert len(params["remote_block_ids"]) == 100 // 16  # full blocks only
+    assert parse_kv_transfer_params(params)[1] is not None  # a decode engine accepts them
+
+
+def test_decode_with_remote_prefill_pays_the_transfer_and_skips_prefill() -> None:
+    params = {
+        "do_remote_prefill": True,
+        "remote_engine_id": "p-0",
+        "remote_block_ids": [1, 2, 3],
+        "remote_host": "127.0.0.1",
+        "remote_port": 9000,
+    }
+
+    async def scenario() -> LiveEngine:
+        engine = _engine()
+        engine.start()
+        request = engine.submit(8000, 3, params)
+        await _drain_all(engine, request)
+        await engine.stop()
+        return engine
+
+    engine = asyncio.run(scenario())
+    record = engine.records[0]
+    assert record.generation_tokens == 3
+    assert record.ttft_s is not None
+    assert record.ttft_s >= MODEL.kv_transfer_time_s(8000, "nic") + MODEL.decode_step_time_s(1, 8000)
+    exposition = render(engine.metrics).decode().splitlines()
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="m"} 0.0' in exposition  # no local prefill
+    assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 3.0' in exposition
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (
+            {"do_remote_prefill": True, "remote_block_ids": [1], "remote_host": "h", "remote_port": 1},
+            "remote_engine_id",
+        ),
+        (
+            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_host": "h", "remote_port": 1},
+            "remote_block_ids",
+        ),
+        (
+            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [], "remote_port": 1},
+            "remote_host",
+        ),
+        (
+            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [], "remote_host": "h"},
+            "remote_port",
+        ),
+        ("yes", "kv_transfer_params"),
+    ],
+)
+def test_bad_kv_transfer_params_name_the_field(params: Any, field: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_kv_transfer_params(params)
+    assert field in err.value.field
+
+
+def test_engine_refuses_bad_requests_and_stopped_engines() -> None:
+    async def scenario() -> None:
+        engine = _engine()
+        with pytest.raises(EngineUnavailable):
+            engine.submit(10, 10)
+        engine.start()
+        with pytest.raises(RequestError, match="max_tokens"):
+            engine.submit(10, 0)
+        with pytest.raises(RequestError, match="max_model_len"):
+            engine.submit(FAST.max_model_len, 10)
+        await engine.drain(0.0)
+        with pytest.raises(EngineUnavailable):
+            engine.submit(10, 10)
+
+    asyncio.run(scenario())
+
+
+def test_prompt_counting_and_defaults() -> None:
+    assert prompt_token_count("completions", {"prompt": list(range(777))}) == 777
+    assert prompt_token_count("completions", {"prompt": "abcdefgh"}) == 2
+    assert prompt_token_count("chat", {"messages": [{"role": "user", "content": "x" * 40}]}) == 10
+    with pytest.raises(RequestError, match="messages"):
+        prompt_token_count("chat", {"messages": []})
+    with pytest.raises(RequestError, match="prompt"):
+        prompt_token_count("completions", {"prompt": ["a", "b"]})
+    assert requested_max_tokens("completions", {}, 256) == 16
+    assert requested_max_tokens("chat", {"max_completion_tokens": 7}, 256) == 7
+    with pytest.raises(RequestError, match="max_tokens"):
+        requested_max_tokens("chat", {"max_tokens": -1}, 256)
+
+
+def test_toy_proxy_prefill_body_and_local_endpoints_only() -> None:
+    body = prefill_request({"prompt": "hi", "max_tokens": 50, "stream": True, "stream_options": {"x": 1}})
+    assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
+    assert body["kv_transfer_params"]["do_remote_decode"] is True
+    assert check_local_endpoint("127.0.0.1:8000") == "127.0.0.1:8000"
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1"):
+        check_local_endpoint("10.0.0.1:8000")
+
+
+def _pod(role: str, phase: str = "Running", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"dd-{role}-abc",
+            "labels": {"disagg.dev/role": role, "disagg.dev/deployment": "dd"},
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def test_pod_spec_from_pod_and_deployment() -> None:
+    defaults = Defaults(model="meta-llama/Llama-3.1-70B-Instruct", tp={"prefill": 4, "decode": 8})
+    pod = _pod(
+        "prefill",
+        nodeSelector={"disagg.dev/gpu-type": "l40s"},
+        containers=[{"name": "engine", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+    )
+    spec = pod_spec_for(pod, defaults, Overrides())
+    assert spec is not None
+    assert (spec.role, spec.choice.gpu, spec.choice.tp, spec.choice.model) == (
+        "prefill",
+        "l40s",
+        2,
+        "meta-llama/Llama-3.1-70B-Instruct",
+    )
+    decode = pod_spec_for(_pod("decode"), defaults, Overrides(gpu="h100"))
+    assert decode is not None and decode.choice.tp == 8 and decode.choice.gpu == "h100"
+    assert pod_spec_for(_pod("decode", phase="Pending"), defaults, Overrides()) is None
+    assert pod_spec_for(_pod("router"), defaults, Overrides()) is None
+    deleting = _pod("decode")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert pod_spec_for(deleting, defaults, Overrides()) is None
