@@ -1,0 +1,60 @@
+"""Golden files: what `disagg render` prints for every example, and the CRDs `disagg crds` writes.
+
+Regenerate after an intended change (then review the diff):
+    for f in examples/*.yaml; do .venv/bin/disagg render -f $f > tests/golden/$(basename $f); done
+    .venv/bin/disagg crds
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from disagg.api.cli import stale_files
+from disagg.api.crd import rendered_files
+from disagg.render.cli import render_text
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+GOLDEN = ROOT / "tests" / "golden"
+REGENERATE = "for f in examples/*.yaml; do .venv/bin/disagg render -f $f > tests/golden/$(basename $f); done"
+
+
+def test_every_engine_and_connector_has_an_example() -> None:
+    assert {p.stem for p in EXAMPLES} >= {
+        "vllm-nixl",
+        "vllm-mooncake",
+        "vllm-lmcache",
+        "vllm-p2p-nccl",
+        "sglang-mooncake",
+        "sglang-nixl",
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_render_matches_golden(example: Path) -> None:
+    golden = GOLDEN / example.name
+    assert golden.is_file(), f"no golden file for {example.name}; run: {REGENERATE}"
+    rendered = render_text(example.read_text(), str(example))
+    expected = golden.read_text()
+    if rendered != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                rendered.splitlines(keepends=True),
+                "golden",
+                "rendered",
+                n=2,
+            )
+        )
+        pytest.fail(
+            f"{example.name} renders differently from its golden file; if intended run: {REGENERATE}\n{diff}"
+        )
+
+
+def test_crds_are_up_to_date() -> None:
+    stale = stale_files(ROOT / "crds")
+    assert not stale, f"stale CRD files {[str(p) for p in stale]}; run: .venv/bin/disagg crds"
+    assert set(rendered_files()) <= {p.name for p in (ROOT / "crds").glob("*.yaml")}
