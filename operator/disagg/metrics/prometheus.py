@@ -1,0 +1,167 @@
+"""Reading the policy's signals from Prometheus (prometheus-api-client) into an Observation.
+
+I/O lives here; the PromQL is built by :mod:`disagg.metrics.queries` (pure). Every value carries a
+:class:`~disagg.policy.types.SignalState`: no series is MISSING, a NaN (e.g. a quantile over zero
+observations) is NAN, a pool whose newest sample is older than the metric window is STALE; none of them
+is ever turned into a zero. A query that fails (Prometheus down, bad PromQL) counts as MISSING for that
+signal and is reported in :attr:`Signals.errors`.
+
+User TTFT = prefill-side TTFT + decode-side TTFT at the policy percentile (see
+:mod:`disagg.metrics.queries` for why); MISSING if either side is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+
+from disagg.metrics.queries import TARGET_LABELS, Engine, QuerySet, TargetLabels, build_queries
+from disagg.policy.types import MISSING, Measured, Observation, RoleObservation, SignalState
+
+_ROLE_FIELDS = ("queue_depth", "running", "kv_usage", "queue_time", "compute_time", "token_throughput")
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The raw result of one evaluation's queries, by signal name, plus the errors met."""
+
+    values: dict[str, Measured]
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> Measured:
+        return self.values.get(key, MISSING)
+
+
+def measured_from_result(result: Any) -> Measured:
+    """One instant-vector result (``[{"metric": {...}, "value": [ts, "1.5"]}]``) as a Measured."""
+    if not isinstance(result, list) or not result:
+        return Measured.missing(SignalState.MISSING)
+    try:
+        raw = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return Measured.missing(SignalState.MISSING)
+    if math.isnan(raw):
+        return Measured.missing(SignalState.NAN)
+    return Measured(raw, SignalState.OK)
+
+
+def combine_ttft(prefill_side: Measured, decode_side: Measured) -> Measured:
+    """User TTFT from both sides; not OK unless both are (the worse state wins)."""
+    if (
+        prefill_side.ok
+        and decode_side.ok
+        and prefill_side.value is not None
+        and decode_side.value is not None
+    ):
+        return Measured(prefill_side.value + decode_side.value, SignalState.OK)
+    for m in (prefill_side, decode_side):
+        if not m.ok:
+            return Measured.missing(m.state)
+    return MISSING
+
+
+def _minus(a: Measured, b: Measured) -> Measured:
+    if a.ok and b.ok and a.value is not None and b.value is not None:
+        return Measured(max(a.value - b.value, 0.0), SignalState.OK)
+    return Measured.missing(a.state if not a.ok else b.state)
+
+
+@dataclass(frozen=True)
+class PrometheusSignals:
+    """The adapter: one per Prometheus; ``observe`` per deployment and evaluation."""
+
+    url: str
+    timeout_s: float = 5.0
+    labels: TargetLabels = TARGET_LABELS
+
+    def client(self) -> PrometheusConnect:
+        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=self.timeout_s)
+
+    def run(self, queries: QuerySet, client: PrometheusConnect | None = None) -> Signals:
+        """Run every query; failures become MISSING with the error kept."""
+        prom = client or self.client()
+        values: dict[str, Measured] = {}
+        errors: dict[str, str] = {}
+        for name, promql in queries.queries.items():
+            try:
+                values[name] = measured_from_result(prom.custom_query(promql))
+            except Exception as exc:
+                values[name] = Measured.missing(SignalState.MISSING)
+                errors[name] = f"{type(exc).__name__}: {exc}"
+        return Signals(values, errors)
+
+    def read(
+        self,
+        engine: Engine | str,
+        namespace: str,
+        deployment: str,
+        ttft_percentile: float,
+        itl_percentile: float,
+        window_s: int,
+    ) -> Signals:
+        return self.run(
+            build_queries(
+                engine, namespace, deployment, ttft_percentile, itl_percentile, window_s, self.labels
+            )
+        )
+
+    def observe(
+        self,
+        engine: Engine | str,
+        namespace: str,
+        deployment: str,
+        pools: Mapping[str, RoleObservation],
+        ttft_percentile: float,
+        itl_percentile: float,
+        window_s: int,
+        now: float,
+    ) -> tuple[Observation, Signals]:
+        """The Observation for one deployment: ``pools`` carry replicas/ready/pending from the API server,
+        Prometheus fills in the rest."""
+        signals = self.read(engine, namespace, deployment, ttft_percentile, itl_percentile, window_s)
+        return observation_from_signals(signals, pools, window_s, now), signals
+
+
+def _role(signals: Signals, role: str, base: RoleObservation, window_s: int) -> RoleObservation:
+    fields: dict[str, Measured] = {}
+    for name in _ROLE_FIELDS:
+        fields[name] = signals.get(f"{role}.{name}")
+    if role == "prefill" and f"{role}.compute_time" not in signals.values:
+        # SGLang: no prefill-time histogram; prefill time = the prefill engine's TTFT - its queue time
+        fields["compute_time"] = _minus(signals.get("ttft_prefill_side"), signals.get("prefill.queue_time"))
+    age = signals.get(f"{role}.sample_age")
+    if age.ok and age.value is not None and age.value > window_s:
+        fields = {k: (Measured.missing(SignalState.STALE) if v.ok else v) for k, v in fields.items()}
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def observation_from_signals(
+    signals: Signals, pools: Mapping[str, RoleObservation], window_s: int, now: float
+) -> Observation:
+    """Assemble the Observation (pure, given the signals)."""
+    prefill = _role(signals, "prefill", pools["prefill"], window_s)
+    decode = _role(signals, "decode", pools["decode"], window_s)
+    ttft = combine_ttft(signals.get("ttft_prefill_side"), signals.get("ttft_decode_side"))
+    itl = signals.get("itl")
+    stale_p = prefill.running.state is SignalState.STALE
+    stale_d = decode.running.state is SignalState.STALE
+    if stale_p or stale_d:
+        ttft = Measured.missing(SignalState.STALE) if ttft.ok else ttft
+    if stale_d:
+        itl = Measured.missing(SignalState.STALE) if itl.ok else itl
+    return Observation(
+        time=now,
+        prefill=prefill,
+        decode=decode,
+        ttft=ttft,
+        itl=itl,
+        request_rate=signals.get("request_rate"),
+        prompt_tokens_mean=signals.get("prompt_tokens_mean"),
+        prompt_tokens_p90=signals.get("prompt_tokens_p90"),
+        output_tokens_mean=signals.get("output_tokens_mean"),
+        output_tokens_p90=signals.get("output_tokens_p90"),
+    )

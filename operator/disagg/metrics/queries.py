@@ -1,0 +1,229 @@
+"""PromQL for the ratio policy's signals, per deployment and role, for vLLM and SGLang. Pure.
+
+Series are selected by the target labels that :func:`scrape_relabel_configs` makes Prometheus attach to
+every engine pod it scrapes (kubernetes_sd ``role: pod``): ``namespace``, ``pod``, ``disagg_deployment``
+and ``disagg_role``, copied from the pod's ``disagg.dev/deployment`` and ``disagg.dev/role`` labels.
+
+What each engine measures in P/D, and so what the queries combine:
+
+* The router sends a request to a prefill engine with ``max_tokens=1``; the prefill engine's TTFT
+  histogram is the request's queue + prefill time there, and its request counter and prompt-length
+  histogram count every user request. Its *output* histogram is all ones, so output lengths come from
+  the decode pool.
+* The decode engine receives the same request with the KV to pull; its TTFT histogram is the KV transfer
+  plus the first decode step, its ITL histogram is what users feel between tokens.
+* The user's TTFT is therefore prefill-side TTFT + decode-side TTFT (+ the router's own overhead, which
+  engines cannot see). The policy gets the sum of the two sides' quantiles at its percentile. Quantiles
+  are not additive, but both sides grow together under load (they are positively dependent), so the sum
+  of their p-quantiles is a conservative (upper) estimate of the p-quantile of the sum, which is the
+  safe side for an SLO.
+
+Metric names (sources):
+* vLLM: ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (V1; older
+  ``vllm:time_per_output_token_seconds``), ``vllm:request_queue_time_seconds``,
+  ``vllm:request_prefill_time_seconds``, ``vllm:request_prompt_tokens``, ``vllm:request_generation_tokens``,
+  ``vllm:request_success_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+  ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (V1; V0
+  ``vllm:gpu_cache_usage_perc``). Source: vllm-project/vllm docs/design/metrics.md (v0 and V1 lists).
+* SGLang: ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds`` (older
+  ``sglang:time_per_output_token_seconds``), ``sglang:queue_time_seconds``,
+  ``sglang:prompt_tokens_histogram``, ``sglang:generation_tokens_histogram``,
+  ``sglang:num_requests_total``, ``sglang:prompt_tokens_total``,
+  ``sglang:generation_tokens_total``, ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``,
+  ``sglang:token_usage``. Source: sgl-project/sglang python/sglang/srt/metrics/collector.py and
+  docs/references/production_metrics.md. SGLang has no prefill-time histogram; the prefill pool's
+  compute time is its TTFT less its queue time.
+
+Where an engine version renamed a metric, the query tries the names in order with PromQL ``or``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from disagg.policy.types import Role
+
+
+@dataclass(frozen=True)
+class TargetLabels:
+    """Names of the target labels the relabel configuration attaches to engine series."""
+
+    namespace: str = "namespace"
+    pod: str = "pod"
+    deployment: str = "disagg_deployment"
+    role: str = "disagg_role"
+
+
+TARGET_LABELS = TargetLabels()
+
+
+class Engine(enum.StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """Metric names of one engine; each a tuple of alternatives, preferred first."""
+
+    ttft: tuple[str, ...]
+    itl: tuple[str, ...]
+    queue_time: tuple[str, ...]
+    prefill_time: tuple[str, ...]  # empty: derive as TTFT - queue time on the prefill pool
+    prompt_len: tuple[str, ...]  # histogram of prompt tokens per request
+    output_len: tuple[str, ...]  # histogram of generated tokens per request
+    requests_total: tuple[str, ...]
+    prompt_tokens_total: tuple[str, ...]
+    generation_tokens_total: tuple[str, ...]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    kv_usage: tuple[str, ...]  # fraction 0..1
+
+
+ENGINE_METRICS: dict[Engine, EngineMetrics] = {
+    # source: vllm-project/vllm docs/design/metrics.md (v0 list and V1 renames)
+    Engine.VLLM: EngineMetrics(
+        ttft=("vllm:time_to_first_token_seconds",),
+        itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        queue_time=("vllm:request_queue_time_seconds",),
+        prefill_time=("vllm:request_prefill_time_seconds",),
+        prompt_len=("vllm:request_prompt_tokens",),
+        output_len=("vllm:request_generation_tokens",),
+        requests_total=("vllm:request_success_total",),
+        prompt_tokens_total=("vllm:prompt_tokens_total",),
+        generation_tokens_total=("vllm:generation_tokens_total",),
+        waiting=("vllm:num_requests_waiting",),
+        running=("vllm:num_requests_running",),
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
+    # source: sgl-project/sglang python/sglang/srt/metrics/collector.py
+    Engine.SGLANG: EngineMetrics(
+        ttft=("sglang:time_to_first_token_seconds",),
+        itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        queue_time=("sglang:queue_time_seconds",),
+        prefill_time=(),
+        prompt_len=("sglang:prompt_tokens_histogram",),
+        output_len=("sglang:generation_tokens_histogram",),
+        requests_total=("sglang:num_requests_total",),
+        prompt_tokens_total=("sglang:prompt_tokens_total",),
+        generation_tokens_total=("sglang:generation_tokens_total",),
+        waiting=("sglang:num_queue_reqs",),
+        running=("sglang:num_running_reqs",),
+        kv_usage=("sglang:token_usage",),
+    ),
+}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def selector(namespace: str, deployment: str, role: Role, labels: TargetLabels = TARGET_LABELS) -> str:
+    """The label matchers of one pool of one deployment."""
+    if not namespace or not deployment:
+        raise ValueError("selector: namespace and deployment must be non-empty")
+    return (
+        f'{{{labels.namespace}="{_escape(namespace)}",{labels.deployment}="{_escape(deployment)}",'
+        f'{labels.role}="{role}"}}'
+    )
+
+
+def _window(seconds: int) -> str:
+    if seconds <= 0:
+        raise ValueError(f"metric window must be > 0 seconds, got {seconds}")
+    return f"{seconds}s"
+
+
+def _alternatives(parts: Sequence[str]) -> str:
+    if not parts:
+        raise ValueError("no metric name to query")
+    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+
+
+def histogram_quantile(names: Sequence[str], quantile: float, sel: str, window_s: int) -> str:
+    """The ``quantile`` (0..1) of a histogram over the pool, from its buckets' rates."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    w = _window(window_s)
+    return _alternatives(
+        [f"histogram_quantile({quantile:g}, sum by (le) (rate({n}_bucket{sel}[{w}])))" for n in names]
+    )
+
+
+def histogram_mean(names: Sequence[str], sel: str, window_s: int) -> str:
+    """The mean observation of a histogram over the pool (NaN when nothing was observed)."""
+    w = _window(window_s)
+    return _alternatives([f"sum(rate({n}_sum{sel}[{w}])) / sum(rate({n}_count{sel}[{w}]))" for n in names])
+
+
+def counter_rate(names: Sequence[str], sel: str, window_s: int) -> str:
+    """Per-second rate of a counter summed over the pool."""
+    w = _window(window_s)
+    return _alternatives([f"sum(rate({n}{sel}[{w}]))" for n in names])
+
+
+def gauge_sum(names: Sequence[str], sel: str) -> str:
+    return _alternatives([f"sum({n}{sel})" for n in names])
+
+
+def gauge_avg(names: Sequence[str], sel: str) -> str:
+    return _alternatives([f"avg({n}{sel})" for n in names])
+
+
+def sample_age(names: Sequence[str], sel: str) -> str:
+    """Seconds since the newest sample of a gauge in the pool (for staleness)."""
+    return _alternatives([f"time() - max(timestamp({n}{sel}))" for n in names])
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """Every query one evaluation runs for one deployment, by signal name."""
+
+    queries: dict[str, str]
+
+    def __getitem__(self, key: str) -> str:
+        return self.queries[key]
+
+
+def build_queries(
+    engine: Engine | str,
+    namespace: str,
+    deployment: str,
+    ttft_percentile: float,
+    itl_percentile: float,
+    window_s: int,
+    labels: TargetLabels = TARGET_LABELS,
+) -> QuerySet:
+    """All the PromQL the adapter runs for one deployment. Percentiles are 0..100, as in the policy."""
+    try:
+        m = ENGINE_METRICS[Engine(engine)]
+    except ValueError:
+        raise ValueError(f"engine: {engine!r} is not one of {[e.value for e in Engine]}") from None
+    p, d = (selector(namespace, deployment, r, labels) for r in ("prefill", "decode"))
+    qt, qi = ttft_percentile / 100.0, itl_percentile / 100.0
+    q: dict[str, str] = {
+        # prefill side of TTFT (queue + prefill) and decode side (KV transfer + first step)
+        "ttft_prefill_side": histogram_quantile(m.ttft, qt, p, window_s),
+        "ttft_decode_side": histogram_quantile(m.ttft, qt, d, window_s),
+        "itl": histogram_quantile(m.itl, qi, d, window_s),
+        "request_rate": counter_rate(m.requests_total, p, window_s),
+        "prompt_tokens_mean": histogram_mean(m.prompt_len, p, window_s),
+        "prompt_tokens_p90": histogram_quantile(m.prompt_len, 0.9, p, window_s),
+        "output_tokens_mean": histogram_mean(m.output_len, d, window_s),
+        "output_tokens_p90": histogram_quantile(m.output_len, 0.9, d, window_s),
+        "prefill.queue_time": histogram_quantile(m.queue_time, qt, p, window_s),
+        "decode.queue_time": histogram_quantile(m.queue_time, qt, d, window_s),
+        "decode.compute_time": histogram_quantile(m.itl, qi, d, window_s),
+        "prefill.token_throughput": counter_rate(m.prompt_tokens_total, p, window_s),
+        "decode.token_throughput": counter_rate(m.generation_tokens_total, d, window_s),
+    }
+    if m.prefill_time:
+        q["prefill.compute_time"] = histogram_quantile(m.prefill_time, qt, p, window_s)
+    for role, sel in (("prefill", p), ("decode", d)):
+        q[f"{role}.queue_depth"] = gauge_sum(m.waiting, sel)
+        q[f"{role}.running"] = gauge_sum(m.running, sel)
+        q[f"{role}.kv_usage"] = gauge_avg(m.kv_usage, sel)
+        q[f"{role}.sample_age"] = sample_age(m.running, sel)
+    return QuerySet(q)

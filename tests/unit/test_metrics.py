@@ -1,0 +1,153 @@
+"""PromQL built per engine and role, result mapping to signal states, and the scrape relabelling."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.metrics import build_queries, engine_scrape_config, scrape_relabel_configs
+from disagg.metrics.prometheus import (
+    Signals,
+    combine_ttft,
+    measured_from_result,
+    observation_from_signals,
+)
+from disagg.metrics.queries import histogram_quantile, selector
+from disagg.policy.types import Measured, RoleObservation, SignalState
+
+SEL_P = '{namespace="prod",disagg_deployment="llama",disagg_role="prefill"}'
+SEL_D = '{namespace="prod",disagg_deployment="llama",disagg_role="decode"}'
+
+
+def test_vllm_queries_select_the_right_pool_and_metric() -> None:
+    q = build_queries("vllm", "prod", "llama", ttft_percentile=90, itl_percentile=95, window_s=120)
+    assert q["ttft_prefill_side"] == (
+        f"histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{SEL_P}[120s])))"
+    )
+    assert f"vllm:time_to_first_token_seconds_bucket{SEL_D}" in q["ttft_decode_side"]
+    # ITL: the V1 name first, the older name as a fallback, on the decode pool only
+    assert q["itl"].startswith(
+        "(histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
+    )
+    assert (
+        "or (histogram_quantile(0.95, sum by (le) (rate(vllm:time_per_output_token_seconds_bucket" in q["itl"]
+    )
+    assert SEL_P not in q["itl"]
+    assert q["request_rate"] == f"sum(rate(vllm:request_success_total{SEL_P}[120s]))"
+    # prompt lengths from the prefill pool, output lengths from the decode pool (prefill outputs 1 token)
+    assert q["prompt_tokens_mean"] == (
+        f"sum(rate(vllm:request_prompt_tokens_sum{SEL_P}[120s])) / "
+        f"sum(rate(vllm:request_prompt_tokens_count{SEL_P}[120s]))"
+    )
+    assert f"vllm:request_generation_tokens_sum{SEL_D}" in q["output_tokens_mean"]
+    assert (
+        "histogram_quantile(0.9, sum by (le) (rate(vllm:request_prompt_tokens_bucket"
+        in q["prompt_tokens_p90"]
+    )
+    assert q["prefill.queue_depth"] == f"sum(vllm:num_requests_waiting{SEL_P})"
+    assert q["decode.running"] == f"sum(vllm:num_requests_running{SEL_D})"
+    assert (
+        q["decode.kv_usage"]
+        == f"(avg(vllm:kv_cache_usage_perc{SEL_D})) or (avg(vllm:gpu_cache_usage_perc{SEL_D}))"
+    )
+    assert "vllm:request_queue_time_seconds_bucket" in q["prefill.queue_time"]
+    assert "vllm:request_prefill_time_seconds_bucket" in q["prefill.compute_time"]
+    assert q["decode.token_throughput"] == f"sum(rate(vllm:generation_tokens_total{SEL_D}[120s]))"
+
+
+def test_sglang_queries_use_sglang_names() -> None:
+    q = build_queries("sglang", "prod", "llama", 90, 90, 60)
+    assert "sglang:time_to_first_token_seconds_bucket" in q["ttft_prefill_side"]
+    assert "sglang:inter_token_latency_seconds_bucket" in q["itl"]
+    assert q["prefill.queue_depth"] == f"sum(sglang:num_queue_reqs{SEL_P})"
+    assert q["decode.kv_usage"] == f"avg(sglang:token_usage{SEL_D})"
+    assert q["request_rate"] == f"sum(rate(sglang:num_requests_total{SEL_P}[60s]))"
+    assert "sglang:queue_time_seconds_bucket" in q["prefill.queue_time"]
+    assert "prefill.compute_time" not in q.queries  # derived: prefill TTFT - queue time
+    assert not any("vllm:" in v for v in q.queries.values())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"engine": "tgi"}, "engine"),
+        ({"window_s": 0}, "window"),
+        ({"ttft_percentile": 100}, "quantile"),
+        ({"deployment": ""}, "deployment"),
+    ],
+)
+def test_bad_input_is_named(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {
+        "engine": "vllm",
+        "namespace": "prod",
+        "deployment": "llama",
+        "ttft_percentile": 90,
+        "itl_percentile": 90,
+        "window_s": 60,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        build_queries(**args)  # type: ignore[arg-type]
+
+
+def test_label_values_are_escaped() -> None:
+    assert selector('a"b', "x", "decode") == '{namespace="a\\"b",disagg_deployment="x",disagg_role="decode"}'
+    assert "0.5" in histogram_quantile(["m"], 0.5, "{}", 30)
+
+
+def test_results_map_to_states_never_to_zero() -> None:
+    assert measured_from_result([]) == Measured(None, SignalState.MISSING)
+    assert measured_from_result([{"metric": {}, "value": [1.0, "NaN"]}]) == Measured(None, SignalState.NAN)
+    assert measured_from_result([{"metric": {}, "value": [1.0, "0.25"]}]) == Measured(0.25, SignalState.OK)
+    assert measured_from_result([{"metric": {}, "value": [1.0, "0"]}]) == Measured(0.0, SignalState.OK)
+    assert measured_from_result(None).state is SignalState.MISSING
+
+
+def test_user_ttft_is_both_sides_and_missing_if_either_is() -> None:
+    assert combine_ttft(Measured.of(0.3), Measured.of(0.05)) == Measured(pytest.approx(0.35), SignalState.OK)
+    assert combine_ttft(Measured.of(0.3), Measured.missing(SignalState.NAN)).state is SignalState.NAN
+    assert combine_ttft(Measured.missing(), Measured.of(0.05)).state is SignalState.MISSING
+
+
+POOLS = {"prefill": RoleObservation(replicas=2, ready=2), "decode": RoleObservation(replicas=3, ready=3)}
+
+
+def test_observation_assembly_and_staleness() -> None:
+    signals = Signals(
+        {
+            "ttft_prefill_side": Measured.of(0.4),
+            "ttft_decode_side": Measured.of(0.1),
+            "itl": Measured.of(0.03),
+            "request_rate": Measured.of(5.0),
+            "prefill.queue_time": Measured.of(0.1),
+            "prefill.running": Measured.of(3.0),
+            "prefill.sample_age": Measured.of(2.0),
+            "decode.running": Measured.of(40.0),
+            "decode.sample_age": Measured.of(900.0),  # decode pool stopped reporting long ago
+            "decode.kv_usage": Measured.of(0.4),
+        }
+    )
+    o = observation_from_signals(signals, POOLS, window_s=120, now=10.0)
+    assert o.ttft.state is SignalState.STALE and o.itl.state is SignalState.STALE
+    assert o.decode.running.state is SignalState.STALE and o.decode.kv_usage.state is SignalState.STALE
+    assert o.prefill.running == Measured(3.0)
+    assert o.prefill.compute_time == Measured(pytest.approx(0.3))  # derived: TTFT side - queue time
+    assert o.request_rate == Measured(5.0)
+    assert o.prompt_tokens_mean.state is SignalState.MISSING
+    assert (o.prefill.replicas, o.decode.replicas) == (2, 3)
+
+
+def test_relabelling_maps_pod_labels_to_target_labels() -> None:
+    rules = scrape_relabel_configs()
+    targets = {r.get("target_label"): r["source_labels"] for r in rules if "target_label" in r}
+    assert targets["disagg_deployment"] == ["__meta_kubernetes_pod_label_disagg_dev_deployment"]
+    assert targets["disagg_role"] == ["__meta_kubernetes_pod_label_disagg_dev_role"]
+    assert targets["namespace"] == ["__meta_kubernetes_namespace"]
+    assert targets["pod"] == ["__meta_kubernetes_pod_name"]
+    keep = [r for r in rules if r.get("action") == "keep"]
+    assert keep[0]["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    job = engine_scrape_config(kubeconfig_file="/tmp/kc", namespaces=["a"])
+    assert job["kubernetes_sd_configs"] == [
+        {"role": "pod", "kubeconfig_file": "/tmp/kc", "namespaces": {"names": ["a"]}}
+    ]
+    with pytest.raises(ValueError, match="not both"):
+        engine_scrape_config(api_server="https://127.0.0.1:6443", kubeconfig_file="/tmp/kc")
