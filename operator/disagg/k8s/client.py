@@ -120,8 +120,9 @@ class KubeApi:
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
         content_type: str | None = None,
+        accept: str = "application/json",
     ) -> JsonDict:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
         elif body is not None:
@@ -159,9 +160,14 @@ class KubeApi:
         # List items carry no apiVersion/kind; put them back so the objects stand alone.
         return [{"apiVersion": kind.api_version, "kind": kind.kind, **item} for item in items]
 
-    def apply(self, obj: Mapping[str, Any], field_manager: str, force: bool = True) -> JsonDict:
-        """Server-side apply of a whole manifest (the fields it names become ours)."""
-        kind = kind_of(obj, (*CHILD_KINDS, DISAGG_DEPLOYMENT, CRD))
+    def apply(
+        self, obj: Mapping[str, Any], field_manager: str, force: bool = True, kind: Kind | None = None
+    ) -> JsonDict:
+        """Server-side apply of a whole manifest (the fields it names become ours).
+
+        ``kind`` is needed only for kinds other than the children, DisaggregatedDeployment and CRDs.
+        """
+        kind = kind or kind_of(obj, (*CHILD_KINDS, DISAGG_DEPLOYMENT, CRD))
         metadata = obj.get("metadata") or {}
         query = [("fieldManager", field_manager)]
         if force:
