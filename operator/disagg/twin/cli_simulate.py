@@ -1,0 +1,170 @@
+"""``disagg simulate``: replay a trace through the serving twin and report goodput and latencies.
+
+    disagg simulate --trace T --deployment D [--policy P] [--compare colocated] [--out DIR]
+
+D is a DisaggregatedDeployment YAML (model name, TP and replicas are read from it) or a small twin
+deployment YAML (the fields of :class:`disagg.twin.sim.SimDeployment`). P is a RatioPolicy YAML: its SLO
+becomes the goodput target and, unless ``--static``, ``disagg.policy.decide`` runs in the loop every
+``evaluationIntervalSeconds``. ``--compare colocated`` also runs a colocated deployment on the same GPUs.
+A table goes to stdout, a progress line to stderr, and ``report.html`` plus ``summary.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from disagg.twin.report import Report, build_report, format_table, write_html
+from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
+from disagg.twin.traffic import load_trace, scale_rate, truncate
+
+
+@dataclass(frozen=True)
+class SloSettings:
+    ttft_s: float = 1.0
+    itl_s: float = 0.05
+    percentile: float = 0.9
+    interval_s: float = 30.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, type=Path, help="Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    parser.add_argument("--deployment", required=True, type=Path, help="DisaggregatedDeployment or twin YAML")
+    parser.add_argument("--policy", type=Path, help="RatioPolicy YAML (SLO and, unless --static, scaling)")
+    parser.add_argument("--static", action="store_true", help="report against the policy's SLO, no scaling")
+    parser.add_argument(
+        "--compare", choices=["colocated"], help="also run colocated serving on the same GPUs"
+    )
+    parser.add_argument("--out", type=Path, help="directory for report.html and summary.json")
+    parser.add_argument("--ttft-slo", type=float, help="TTFT target in seconds (default: policy or 1.0)")
+    parser.add_argument("--itl-slo", type=float, help="ITL (mean per request) target in s (default 0.05)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    parser.add_argument("--duration", type=float, help="only the first DURATION seconds of the trace")
+    parser.add_argument("--startup-delay", type=float, help="seconds a new replica takes to become ready")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.set_defaults(func=run)
+
+
+def _progress(label: str) -> Any:
+    start = time.monotonic()
+    last = [0.0]
+
+    def show(now: float, done: int, total: int) -> None:
+        if time.monotonic() - last[0] < 0.5:
+            return
+        last[0] = time.monotonic()
+        pct = 100.0 * done / total if total else 100.0
+        sys.stderr.write(
+            f"\r{label}: t={now:8.0f}s  {done}/{total} requests ({pct:5.1f}%)  "
+            f"{time.monotonic() - start:5.1f}s wall"
+        )
+        sys.stderr.flush()
+
+    return show
+
+
+def load_policy(path: Path) -> Any:
+    """A RatioPolicy (disagg.api.ratiopolicy) from YAML; the error names the bad field."""
+    from disagg.api.ratiopolicy import RatioPolicy
+
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    if not docs:
+        raise ValueError(f"policy: {path} is empty")
+    return RatioPolicy.model_validate(docs[0])
+
+
+def policy_controller(spec: Any, dep: SimDeployment) -> Controller:
+    """Run ``disagg.policy.decide`` in the loop, carrying its state; advisory decisions are not applied."""
+    from disagg.policy import Bounds, PolicyState, RoleBounds, ServingProfile, decide
+
+    assert dep.prefill is not None and dep.decode is not None
+    bounds = Bounds(
+        prefill=RoleBounds(dep.prefill.min_replicas, dep.prefill.max_replicas, dep.prefill.tp),
+        decode=RoleBounds(dep.decode.min_replicas, dep.decode.max_replicas, dep.decode.tp),
+        profile=ServingProfile(dep.model, dep.gpu, dep.prefill.tp, dep.decode.tp, dep.dtype),
+    )
+    state = PolicyState()
+
+    def control(obs: Any) -> dict[str, int] | None:
+        nonlocal state
+        decision, state = decide(obs, spec, state, obs.time, bounds)
+        if decision.advisory:
+            return None
+        return {"prefill": decision.prefill, "decode": decision.decode}
+
+    return control
+
+
+def slo_settings(args: argparse.Namespace, policy: Any) -> SloSettings:
+    s = SloSettings()
+    if policy is not None:
+        slo = policy.spec.slo
+        s = SloSettings(
+            ttft_s=float(slo.ttft.target_seconds),
+            itl_s=float(slo.itl.target_seconds),
+            percentile=float(slo.ttft.percentile) / 100.0,
+            interval_s=float(policy.spec.evaluation_interval_seconds),
+        )
+    if args.ttft_slo is not None:
+        s = replace(s, ttft_s=args.ttft_slo)
+    if args.itl_slo is not None:
+        s = replace(s, itl_s=args.itl_slo)
+    return s
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dep = SimDeployment.load(args.deployment)
+        if args.startup_delay is not None:
+            dep = replace(dep, startup_delay_s=args.startup_delay)
+        reqs = load_trace(args.trace)
+        if args.duration is not None:
+            reqs = truncate(reqs, args.duration)
+        if args.rate_scale != 1.0:
+            reqs = scale_rate(reqs, args.rate_scale)
+        policy = load_policy(args.policy) if args.policy else None
+    except (ValueError, OSError) as e:
+        print(f"disagg simulate: {e}", file=sys.stderr)
+        return 2
+    slo = slo_settings(args, policy)
+    runs: list[tuple[str, SimDeployment, Controller | None]] = []
+    ctl = policy_controller(policy.spec, dep) if policy is not None and not args.static else None
+    runs.append((f"{dep.name} P/D" + (" +policy" if ctl else ""), dep, ctl))
+    if args.compare == "colocated":
+        runs.append((f"{dep.name} colocated", dep.colocated_equivalent(), None))
+    results: list[tuple[str, SimResult]] = []
+    reports: list[Report] = []
+    for label, d, c in runs:
+        t0 = time.monotonic()
+        res = simulate(
+            d,
+            reqs,
+            controller=c,
+            interval_s=slo.interval_s,
+            seed=args.seed,
+            percentile=slo.percentile,
+            progress=None if args.quiet else _progress(label),
+        )
+        if not args.quiet:
+            sys.stderr.write(f"\r{label}: done in {time.monotonic() - t0:.1f}s wall{' ' * 40}\n")
+        results.append((label, res))
+        reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
+    print(
+        f"trace {args.trace.name}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s"
+    )
+    print(format_table(reports))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {args.trace.name}")
+        summary = {"trace": str(args.trace), "slo": slo.__dict__, "runs": [r.as_dict() for r in reports]}
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        print(f"report: {args.out / 'report.html'}")
+    return 0

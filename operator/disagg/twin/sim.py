@@ -1,0 +1,702 @@
+"""Discrete-event simulation of a serving deployment: pools of replicas, routing, KV transfer, scaling.
+
+``simulate(deployment, requests, controller=None, interval_s=30, seed=0) -> SimResult``.
+
+* P/D mode: a request is routed to a prefill replica, its prompt is computed there (chunked to the step
+  budget), its KV moves over the link (setup latency + bytes / bandwidth, no contention modelled) and it is
+  routed to a decode replica, whose first step emits the first token. TTFT = router queue + engine queue +
+  prefill + transfer + first decode step.
+* Colocated mode: one pool, chunked prefill mixing prompt chunks with decodes in every step.
+* Routing: ``round_robin`` or ``least_outstanding`` (prompt tokens still to compute plus output tokens
+  still to emit, per replica). A pool with no ready replica holds requests at the router.
+* Scaling: every ``interval_s`` the controller gets a :class:`disagg.policy.types.Observation` of the last
+  window and may return target replicas per role. New replicas become ready after ``startup_delay_s``;
+  removed ones drain (no new requests, finish in-flight ones). GPU-hours integrate every allocated replica
+  (starting, ready, draining) times its GPUs.
+* Per request: TTFT, end-to-end latency and the mean inter-token gap (its TPOT); all gaps go into a
+  log-bucket histogram (2.9% wide buckets), globally and per window, instead of a list of floats.
+* Deterministic: the event order is fixed (time, then insertion order); ``seed`` only breaks routing ties
+  for the ``random`` policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from disagg.policy.types import MISSING, Measured, Observation, RoleObservation
+from disagg.twin.engine import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    EngineCore,
+    EngineRole,
+    EngineSettings,
+    SimRequest,
+    Step,
+)
+from disagg.twin.latency import LatencyModel, load_latency_model
+from disagg.twin.traffic import Request
+
+if TYPE_CHECKING:
+    from disagg.twin.report import Report
+
+Controller = Callable[[Observation], Mapping[str, int] | None]
+Routing = Literal["round_robin", "least_outstanding", "random"]
+
+
+# --- deployment description ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PoolSpec:
+    replicas: int
+    tp: int = 1
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    min_replicas: int = 1
+    max_replicas: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"replicas: must be >= 0, got {self.replicas}")
+        if self.tp not in (1, 2, 4, 8):
+            raise ValueError(f"tp: must be 1, 2, 4 or 8, got {self.tp}")
+
+
+@dataclass(frozen=True)
+class SimDeployment:
+    model: str
+    gpu: str = "h100"
+    dtype: str = "bf16"
+    mode: Literal["pd", "colocated"] = "pd"
+    prefill: PoolSpec | None = None
+    decode: PoolSpec | None = None
+    colocated: PoolSpec | None = None
+    routing: Routing = "least_outstanding"
+    link: str = "nic"
+    kv_setup_s: float | None = None
+    startup_delay_s: float = 120.0
+    name: str = "twin"
+
+    def __post_init__(self) -> None:
+        if self.mode == "pd" and (self.prefill is None or self.decode is None):
+            raise ValueError("prefill/decode: P/D mode needs both a prefill and a decode pool")
+        if self.mode == "colocated" and self.colocated is None:
+            raise ValueError("colocated: colocated mode needs a colocated pool")
+        if self.mode not in ("pd", "colocated"):
+            raise ValueError(f"mode: {self.mode!r} is not 'pd' or 'colocated'")
+        if self.routing not in ("round_robin", "least_outstanding", "random"):
+            raise ValueError(f"routing: {self.routing!r} is not round_robin, least_outstanding or random")
+        if self.startup_delay_s < 0:
+            raise ValueError(f"startup_delay_s: must be >= 0, got {self.startup_delay_s}")
+
+    @property
+    def gpus(self) -> int:
+        pools = [self.prefill, self.decode] if self.mode == "pd" else [self.colocated]
+        return sum(p.replicas * p.tp for p in pools if p is not None)
+
+    def colocated_equivalent(self) -> SimDeployment:
+        """A colocated deployment on the same GPUs (replicas of the decode pool's TP)."""
+        if self.mode == "colocated":
+            return self
+        assert self.decode is not None
+        tp = self.decode.tp
+        spec = replace(self.decode, replicas=max(1, self.gpus // tp), max_replicas=1000, min_replicas=1)
+        return replace(self, mode="colocated", colocated=spec, prefill=None, decode=None)
+
+    @staticmethod
+    def from_dict(obj: Mapping[str, Any]) -> SimDeployment:
+        """A small twin deployment document, or a DisaggregatedDeployment object (kind set)."""
+        if obj.get("kind") == "DisaggregatedDeployment":
+            return _from_dd_dict(obj)
+        try:
+            pools: dict[str, Any] = {
+                k: PoolSpec(**v) for k, v in obj.items() if k in ("prefill", "decode", "colocated") and v
+            }
+        except TypeError as e:
+            raise ValueError(f"prefill/decode/colocated: {e}") from e
+        rest = {
+            k: v for k, v in obj.items() if k not in ("prefill", "decode", "colocated", "kind", "apiVersion")
+        }
+        try:
+            return SimDeployment(**rest, **pools)
+        except TypeError as e:
+            raise ValueError(f"deployment: {e}") from e
+
+    @staticmethod
+    def load(path: str | Path) -> SimDeployment:
+        import yaml
+
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        if not docs:
+            raise ValueError(f"deployment: {path} is empty")
+        return SimDeployment.from_dict(docs[0])
+
+
+def _get(obj: Mapping[str, Any], *path: str, default: Any = None) -> Any:
+    cur: Any = obj
+    for p in path:
+        if not isinstance(cur, Mapping) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
+    """The value of an engine flag given as ``--flag N`` or ``--flag=N`` (the last one wins)."""
+    value = default
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = int(args[i + 1])
+        elif a.startswith(flag + "="):
+            value = int(a.split("=", 1)[1])
+    return value
+
+
+def _from_dd_dict(obj: Mapping[str, Any]) -> SimDeployment:
+    """Model, GPU, TP and replicas of a DisaggregatedDeployment (validated by disagg.api when present)."""
+    try:
+        from disagg.api.deployment import DisaggregatedDeployment
+
+        DisaggregatedDeployment.model_validate(dict(obj))
+    except ImportError:  # the API package is optional for the twin
+        pass
+    spec = _get(obj, "spec", default={})
+    model = _get(spec, "model", "name") or _get(spec, "model")
+    if not isinstance(model, str):
+        raise ValueError("spec.model.name: a DisaggregatedDeployment needs a model name for the twin")
+
+    def pool(role: str) -> PoolSpec:
+        r = _get(spec, role, default={}) or {}
+        tp = int(
+            _get(r, "tensorParallelSize") or _get(r, "tp") or _get(spec, "model", "tensorParallelSize") or 1
+        )
+        gpus = _get(r, "resources", "gpus") or _get(r, "gpus")
+        if gpus and not _get(r, "tensorParallelSize"):
+            tp = int(gpus)
+        args = [str(a) for a in (_get(spec, "engine", "args", default=[]) or []) + (_get(r, "args") or [])]
+        return PoolSpec(
+            replicas=int(_get(r, "replicas", default=1)),
+            tp=tp,
+            max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
+            max_num_batched_tokens=_engine_arg(args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS),
+            min_replicas=int(_get(spec, "autoscaling", role, "minReplicas", default=1)),
+            max_replicas=int(_get(spec, "autoscaling", role, "maxReplicas", default=1000)),
+        )
+
+    gpu = (
+        _get(spec, "decode", "nodeSelector", "disagg.dev/gpu-type")
+        or _get(spec, "decode", "nodeSelector", "nvidia.com/gpu.product")
+        or _get(spec, "prefill", "nodeSelector", "disagg.dev/gpu-type")
+        or _get(spec, "prefill", "nodeSelector", "nvidia.com/gpu.product")
+        or "h100"
+    )
+    dtype = _get(spec, "model", "dtype") or _get(spec, "model", "quantization") or "bf16"
+    name = _get(obj, "metadata", "name", default="twin")
+    return SimDeployment(
+        model=model,
+        gpu=str(gpu),
+        dtype="fp8" if str(dtype).lower() == "fp8" else "bf16",
+        prefill=pool("prefill"),
+        decode=pool("decode"),
+        name=str(name),
+    )
+
+
+# --- measurement helpers -------------------------------------------------------------------------------
+class LogHistogram:
+    """Counts in log-spaced buckets from 0.1 ms to ~3 h (80 per decade, about 2.9% wide)."""
+
+    LO = 1e-4
+    PER_DECADE = 80
+    NBINS = 8 * 80
+
+    def __init__(self) -> None:
+        self.counts = [0.0] * (self.NBINS + 1)
+        self.total = 0.0
+        self.sum = 0.0
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        if weight <= 0 or math.isnan(value):
+            return
+        i = 0 if value <= self.LO else min(self.NBINS, int(math.log10(value / self.LO) * self.PER_DECADE) + 1)
+        self.counts[i] += weight
+        self.total += weight
+        self.sum += value * weight
+
+    def upper_bound(self, i: int) -> float:
+        return float(self.LO * 10 ** (i / self.PER_DECADE))
+
+    def quantile(self, q: float) -> float | None:
+        if self.total <= 0:
+            return None
+        target = q * self.total
+        acc = 0.0
+        for i, c in enumerate(self.counts):
+            acc += c
+            if acc >= target and c > 0:
+                # geometric midpoint of the bucket
+                lo = self.upper_bound(i - 1) if i > 0 else self.LO
+                return math.sqrt(lo * self.upper_bound(i))
+        return self.upper_bound(self.NBINS)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.total if self.total > 0 else None
+
+
+@dataclass
+class Window:
+    """What happened during one controller interval."""
+
+    start: float
+    ttft: LogHistogram = field(default_factory=LogHistogram)
+    itl: LogHistogram = field(default_factory=LogHistogram)
+    arrivals: int = 0
+    prompt_lens: list[int] = field(default_factory=list)
+    output_lens: list[int] = field(default_factory=list)
+    queue_time: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
+    prefill_time: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+# --- replicas and pools --------------------------------------------------------------------------------
+class Replica:
+    __slots__ = ("core", "index", "pool", "ready_at", "state", "step", "version")
+
+    def __init__(self, pool: Pool, index: int, core: EngineCore, ready_at: float) -> None:
+        self.pool = pool
+        self.index = index
+        self.core = core
+        self.ready_at = ready_at
+        self.state: Literal["starting", "ready", "draining", "gone"] = "starting"
+        self.step: Step | None = None
+        self.version = 0
+
+
+class Pool:
+    def __init__(self, role: EngineRole, spec: PoolSpec, latency: LatencyModel) -> None:
+        self.role = role
+        self.spec = spec
+        self.latency = latency
+        self.settings = EngineSettings(
+            role=role, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens
+        )
+        self.replicas: list[Replica] = []
+        self.pending: deque[SimRequest] = deque()
+        self.rr = 0
+        self.counter = itertools.count()
+        self.target = spec.replicas
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state == "ready"]
+
+    def allocated(self) -> int:
+        return sum(1 for r in self.replicas if r.state != "gone")
+
+    def active(self) -> list[Replica]:
+        """Replicas that count towards the target: starting or ready (not draining)."""
+        return [r for r in self.replicas if r.state in ("starting", "ready")]
+
+
+# --- results -------------------------------------------------------------------------------------------
+@dataclass
+class SimResult:
+    deployment: SimDeployment
+    arrival: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    ttft: np.ndarray  # NaN where the request never got a first token
+    e2e: np.ndarray  # NaN where unfinished
+    itl_mean: np.ndarray  # mean gap between output tokens; NaN for single-token outputs or unfinished
+    preemptions: np.ndarray
+    itl_hist: LogHistogram
+    ttft_hist: LogHistogram
+    gpu_hours: float
+    duration_s: float
+    timeline: list[dict[str, float | None]]  # per interval: time, ttft/itl percentiles, rate
+    replicas: list[tuple[float, dict[str, tuple[int, int]]]]  # time -> role -> (allocated, ready)
+    decisions: list[tuple[float, dict[str, int]]]
+    rejected: int = 0
+
+    @property
+    def finished(self) -> int:
+        return int(np.sum(~np.isnan(self.e2e)))
+
+    def report(self, ttft_slo_s: float, itl_slo_s: float, percentile: float = 0.9) -> Report:
+        from disagg.twin.report import build_report
+
+        return build_report(self, ttft_slo_s, itl_slo_s, percentile)
+
+
+# --- the simulator -------------------------------------------------------------------------------------
+_ARRIVAL_DONE = math.inf
+
+
+class Simulator:
+    def __init__(
+        self,
+        deployment: SimDeployment,
+        requests: Sequence[Request],
+        controller: Controller | None = None,
+        interval_s: float = 30.0,
+        seed: int = 0,
+        percentile: float = 0.9,
+        max_time_s: float | None = None,
+        progress: Callable[[float, int, int], None] | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s: must be > 0, got {interval_s}")
+        if deployment.mode == "colocated" and controller is not None:
+            raise ValueError("controller: the ratio controller needs a P/D deployment (mode 'pd')")
+        self.dep = deployment
+        self.controller = controller
+        self.interval = interval_s
+        self.percentile = percentile
+        self.rng = random.Random(seed)
+        self.progress = progress
+        self.reqs = [
+            SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for i, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
+        ]
+        last = self.reqs[-1].arrival if self.reqs else 0.0
+        self.max_time = max_time_s if max_time_s is not None else last + 4 * 3600.0
+        self.heap: list[tuple[float, int, int, Any, int]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.pools: dict[str, Pool] = {}
+        roles: list[tuple[EngineRole, PoolSpec | None]] = (
+            [("prefill", deployment.prefill), ("decode", deployment.decode)]
+            if deployment.mode == "pd"
+            else [("colocated", deployment.colocated)]
+        )
+        for role, spec in roles:
+            assert spec is not None
+            lat = load_latency_model(deployment.model, deployment.gpu, spec.tp, deployment.dtype)
+            pool = Pool(role, spec, lat)
+            self.pools[role] = pool
+            for _ in range(spec.replicas):
+                self._add_replica(pool, ready_at=0.0)
+        self.gpu_seconds = 0.0
+        self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
+        self._gpu_t = 0.0
+        self.window = Window(0.0)
+        self.ttft_hist = LogHistogram()
+        self.itl_hist = LogHistogram()
+        self.timeline: list[dict[str, float | None]] = []
+        self.replica_log: list[tuple[float, dict[str, tuple[int, int]]]] = []
+        self.decisions: list[tuple[float, dict[str, int]]] = []
+        self.done = 0
+        self.rejected = 0
+        self._log_replicas()
+
+    # event kinds
+    STEP, TRANSFER, READY, TICK = range(4)
+
+    def _push(self, t: float, kind: int, obj: Any, version: int = 0) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, obj, version))
+
+    # --- replicas ----------------------------------------------------------------------------------
+    def _add_replica(self, pool: Pool, ready_at: float) -> Replica:
+        rep = Replica(pool, next(pool.counter), EngineCore(pool.latency, pool.settings), ready_at)
+        pool.replicas.append(rep)
+        if ready_at <= self.now:
+            rep.state = "ready"
+        else:
+            self._push(ready_at, self.READY, rep)
+        return rep
+
+    def _account_gpus(self) -> None:
+        self.gpu_seconds += self._gpu_alloc * (self.now - self._gpu_t)
+        self._gpu_t = self.now
+        self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
+
+    def _log_replicas(self) -> None:
+        self.replica_log.append(
+            (self.now, {role: (p.allocated(), len(p.ready())) for role, p in self.pools.items()})
+        )
+
+    def scale(self, role: str, target: int) -> None:
+        pool = self.pools[role]
+        target = max(pool.spec.min_replicas, min(pool.spec.max_replicas, int(target)))
+        pool.target = target
+        active = pool.active()
+        self._account_gpus()
+        if target > len(active):
+            for _ in range(target - len(active)):
+                self._add_replica(pool, self.now + self.dep.startup_delay_s)
+        elif target < len(active):
+            surplus = len(active) - target
+            starting = [r for r in active if r.state == "starting"][::-1]
+            for rep in starting[:surplus]:
+                rep.state = "gone"  # never became ready: stop paying at once
+            surplus -= min(surplus, len(starting))
+            ready = sorted(pool.ready(), key=lambda r: (r.core.outstanding_tokens, -r.index))
+            for rep in ready[:surplus]:
+                rep.state = "draining"
+                self._maybe_retire(rep)
+        self._account_gpus()
+        self._log_replicas()
+
+    def _maybe_retire(self, rep: Replica) -> None:
+        if rep.state == "draining" and rep.core.idle and rep.step is None:
+            rep.state = "gone"
+            self._account_gpus()
+            self._log_replicas()
+
+    # --- routing -----------------------------------------------------------------------------------
+    def _route(self, pool: Pool, req: SimRequest) -> None:
+        ready = pool.ready()
+        if not ready:
+            pool.pending.append(req)
+            return
+        if self.dep.routing == "round_robin":
+            rep = ready[pool.rr % len(ready)]
+            pool.rr += 1
+        elif self.dep.routing == "random":
+            rep = ready[self.rng.randrange(len(ready))]
+        else:
+            rep = min(ready, key=lambda r: r.core.outstanding_tokens)
+        try:
+            rep.core.admit(req, self.now)
+        except ValueError:
+            self.rejected += 1
+            self.done += 1
+            return
+        self._kick(rep)
+
+    def _kick(self, rep: Replica) -> None:
+        """Start a step on an idle replica, or cut a running jump short so new work is seen."""
+        if rep.step is None:
+            step = rep.core.plan_step(self.now)
+            if step is not None:
+                rep.step = step
+                rep.version += 1
+                self._push(step.end, self.STEP, rep, rep.version)
+            return
+        if rep.step.steps > 1:
+            old = rep.step.steps
+            rep.core.interrupt(rep.step, self.now)
+            if rep.step.steps != old:
+                rep.version += 1
+                self._push(rep.step.end, self.STEP, rep, rep.version)
+
+    # --- event handlers ----------------------------------------------------------------------------
+    def _on_arrival(self, req: SimRequest) -> None:
+        w = self.window
+        w.arrivals += 1
+        w.prompt_lens.append(req.prompt)
+        w.output_lens.append(req.output)
+        self._route(self.pools["prefill" if self.dep.mode == "pd" else "colocated"], req)
+
+    def _on_step(self, rep: Replica) -> None:
+        step = rep.step
+        assert step is not None
+        rep.step = None
+        ev = rep.core.complete_step(step)
+        w = self.window
+        if ev.decode_tokens:
+            self.itl_hist.add(ev.mean_gap, ev.decode_tokens)
+            w.itl.add(ev.mean_gap, ev.decode_tokens)
+        w.prompt_tokens += ev.prefill_tokens
+        role = rep.pool.role
+        w.generated_tokens += step.decode_batch * step.steps + (
+            len(ev.first_tokens) if role == "colocated" else 0
+        )
+        for req in ev.first_tokens:
+            t = req.first_token_time - req.arrival
+            self.ttft_hist.add(t)
+            w.ttft.add(t)
+            w.queue_time["decode" if role == "decode" else "prefill"].append(
+                req.first_scheduled - req.engine_arrival
+            )
+        for req in ev.prefilled:
+            w.queue_time["prefill"].append(req.prefill_start - req.engine_arrival)
+            w.prefill_time.append(req.prefill_done_time - req.prefill_start)
+            dec = self.pools["decode"]
+            dt = dec.latency.kv_transfer_time_s(req.prompt, self.dep.link, self.dep.kv_setup_s)
+            req.first_scheduled = math.nan
+            self._push(self.now + dt, self.TRANSFER, req)
+        if role == "colocated":
+            for req in ev.first_tokens:
+                w.prefill_time.append(req.prefill_done_time - req.prefill_start)
+        self.done += len(ev.finished)
+        self._kick(rep)
+        self._maybe_retire(rep)
+
+    def _on_ready(self, rep: Replica) -> None:
+        if rep.state != "starting":
+            return
+        self._account_gpus()
+        rep.state = "ready"
+        pool = rep.pool
+        while pool.pending:
+            self._route(pool, pool.pending.popleft())
+        self._log_replicas()
+
+    def _on_tick(self) -> None:
+        obs = self.observation()
+        self.timeline.append(self._timeline_point(obs))
+        if self.controller is not None:
+            target = self.controller(obs)
+            if target:
+                self.decisions.append((self.now, dict(target)))
+                for role, n in target.items():
+                    if role in self.pools and n != self.pools[role].target:
+                        self.scale(role, n)
+        self.window = Window(self.now)
+        self._log_replicas()
+
+    def _timeline_point(self, obs: Observation) -> dict[str, float | None]:
+        w = self.window
+        return {
+            "time": self.now,
+            "ttft_p50": w.ttft.quantile(0.5),
+            "ttft_p90": w.ttft.quantile(0.9),
+            "ttft_p99": w.ttft.quantile(0.99),
+            "itl_p50": w.itl.quantile(0.5),
+            "itl_p90": w.itl.quantile(0.9),
+            "itl_p99": w.itl.quantile(0.99),
+            "rate": obs.request_rate.value,
+        }
+
+    # --- observation -------------------------------------------------------------------------------
+    def observation(self) -> Observation:
+        w = self.window
+        span = max(self.now - w.start, 1e-9)
+        q = self.percentile
+
+        def m(values: Sequence[float] | Sequence[int], fn: Callable[[np.ndarray], float]) -> Measured:
+            return Measured.of(float(fn(np.asarray(values, dtype=float)))) if len(values) else MISSING
+
+        def role_obs(role: str) -> RoleObservation:
+            pool = self.pools.get(role) or self.pools["colocated"]
+            ready = pool.ready()
+            serving = [r for r in pool.replicas if r.state in ("ready", "draining")]
+            if role == "prefill" or pool.role == "colocated":
+                compute = m(w.prefill_time, np.mean)
+                thr = Measured.of(w.prompt_tokens / span) if serving else MISSING
+            else:
+                compute = Measured.of(w.itl.mean) if w.itl.total else MISSING
+                thr = Measured.of(w.generated_tokens / span) if serving else MISSING
+            waiting = sum(r.core.num_waiting for r in serving) + len(pool.pending)
+            return RoleObservation(
+                replicas=pool.target,
+                ready=len(ready),
+                pending=0,
+                gpus_per_replica=pool.spec.tp,
+                queue_depth=Measured.of(float(waiting)),
+                running=Measured.of(float(sum(r.core.num_running for r in serving))) if serving else MISSING,
+                kv_usage=m([r.core.kv_usage for r in serving], np.mean),
+                queue_time=m(
+                    w.queue_time[role if role in w.queue_time else "prefill"], lambda a: np.quantile(a, q)
+                ),
+                compute_time=compute,
+                token_throughput=thr,
+            )
+
+        return Observation(
+            time=self.now,
+            prefill=role_obs("prefill"),
+            decode=role_obs("decode"),
+            ttft=Measured.of(w.ttft.quantile(q)) if w.ttft.total else MISSING,
+            itl=Measured.of(w.itl.quantile(q)) if w.itl.total else MISSING,
+            request_rate=Measured.of(w.arrivals / span),
+            prompt_tokens_mean=m(w.prompt_lens, np.mean),
+            prompt_tokens_p90=m(w.prompt_lens, lambda a: np.quantile(a, 0.9)),
+            output_tokens_mean=m(w.output_lens, np.mean),
+            output_tokens_p90=m(w.output_lens, lambda a: np.quantile(a, 0.9)),
+        )
+
+    # --- main loop ---------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        reqs = self.reqs
+        n = len(reqs)
+        i = 0
+        heap = self.heap
+        self._push(self.interval, self.TICK, None)
+        next_progress = 0.0
+        while self.done < n or i < n:
+            t_arr = reqs[i].arrival if i < n else _ARRIVAL_DONE
+            t_evt = heap[0][0] if heap else _ARRIVAL_DONE
+            if t_arr == _ARRIVAL_DONE and t_evt == _ARRIVAL_DONE:
+                break
+            if t_arr <= t_evt:
+                self.now = t_arr
+                if self.now > self.max_time:
+                    break
+                self._on_arrival(reqs[i])
+                i += 1
+                continue
+            t, _, kind, obj, version = heapq.heappop(heap)
+            self.now = t
+            if t > self.max_time:
+                break
+            if kind == self.STEP:
+                if version == obj.version:
+                    self._on_step(obj)
+            elif kind == self.TRANSFER:
+                self._route(self.pools["decode"], obj)
+            elif kind == self.READY:
+                self._on_ready(obj)
+            else:
+                self._on_tick()
+                if self.done < n or i < n:
+                    self._push(self.now + self.interval, self.TICK, None)
+            if self.progress is not None and self.now >= next_progress:
+                self.progress(self.now, self.done, n)
+                next_progress = self.now + 60.0
+        self._account_gpus()
+        self._log_replicas()
+        return self._result()
+
+    def _result(self) -> SimResult:
+        reqs = self.reqs
+        arrival = np.array([r.arrival for r in reqs], dtype=float)
+        first = np.array([r.first_token_time for r in reqs], dtype=float)
+        fin = np.array([r.finish_time for r in reqs], dtype=float)
+        out = np.array([r.output for r in reqs], dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            itl = np.where(out > 1, (fin - first) / (out - 1), np.nan)
+        return SimResult(
+            deployment=self.dep,
+            arrival=arrival,
+            prompt=np.array([r.prompt for r in reqs], dtype=float),
+            output=out,
+            ttft=first - arrival,
+            e2e=fin - arrival,
+            itl_mean=itl,
+            preemptions=np.array([r.preemptions for r in reqs], dtype=float),
+            itl_hist=self.itl_hist,
+            ttft_hist=self.ttft_hist,
+            gpu_hours=self.gpu_seconds / 3600.0,
+            duration_s=self.now,
+            timeline=self.timeline,
+            replicas=self.replica_log,
+            decisions=self.decisions,
+            rejected=self.rejected,
+        )
+
+
+def simulate(
+    deployment: SimDeployment,
+    requests: Sequence[Request],
+    controller: Controller | None = None,
+    interval_s: float = 30.0,
+    seed: int = 0,
+    percentile: float = 0.9,
+    max_time_s: float | None = None,
+    progress: Callable[[float, int, int], None] | None = None,
+) -> SimResult:
+    """Replay ``requests`` through ``deployment``; see the module docstring."""
+    return Simulator(
+        deployment, requests, controller, interval_s, seed, percentile, max_time_s, progress
+    ).run()
