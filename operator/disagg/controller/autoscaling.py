@@ -23,14 +23,38 @@ restart must not lose lives in status. The functions above the handler section a
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from disagg.policy.types import ROLES, Decision, Observation, PolicyState, Role
+import kopf
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+from disagg.api.ratiopolicy import RatioPolicy, RatioPolicySpec
+from disagg.controller.metrics import ControllerMetrics
+from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, MERGE_PATCH, POD, Kind, KubeApi, load_api_client
+from disagg.k8s.events import post_event
+from disagg.metrics.prometheus import PrometheusSignals
+from disagg.metrics.queries import ENGINE_METRICS, TARGET_LABELS, Engine, selector
+from disagg.policy import decide
+from disagg.policy.types import (
+    ROLES,
+    Bounds,
+    Decision,
+    Observation,
+    PolicyState,
+    Role,
+    RoleBounds,
+    RoleObservation,
+)
 
 # Source: Kubernetes ReplicaSet pod-deletion-cost annotation (beta since v1.22), "Pods with lower
 # deletion cost are preferred to be deleted before pods with higher deletion cost".
@@ -229,10 +253,14 @@ def deletion_costs(loads: Mapping[str, float | None]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------- status
 
 
+MAX_MESSAGE = 1000  # status and Event messages are for people; keep them readable (and under API limits)
+
+
 def decision_message(decision: Decision) -> str:
     if not decision.reasons:
         return "no change: SLOs met within the tolerance band"
-    return "; ".join(r.message for r in decision.reasons)
+    text = "; ".join(r.message for r in decision.reasons)
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 def decision_record(decision: Decision, now: float) -> dict[str, Any]:
@@ -266,8 +294,8 @@ def autoscaling_status(
 
     A decision enters the history when it changes the target (or is the first one), so the history
     shows moves, not every evaluation. In active mode desiredReplicas is the target; in advisory mode
-    the target goes to recommendedReplicas only and desiredReplicas is removed (None in a merge patch),
-    so the reconciler keeps spec replicas.
+    the target is recorded in the decisions only and desiredReplicas is removed (None in a merge
+    patch), so the reconciler keeps the spec's replicas.
     """
     prev = dict(previous or {})
     history = list(prev.get("decisions") or [])
@@ -282,7 +310,6 @@ def autoscaling_status(
         "policy": policy_name,
         "mode": mode,
         "desiredReplicas": dict(target) if mode == "active" else None,
-        "recommendedReplicas": dict(target),
         "lastEvaluationTime": rfc3339(now),
         "decisions": history,
     }
@@ -350,7 +377,7 @@ def limited_condition(
     if clamped_by_ceiling:
         return True, "PendingPods", f"clamped by Pending pods: {', '.join(clamped_by_ceiling)}"
     for reason in decision.reasons:
-        if reason.code in ("BudgetClamp", "GPUBudget", "MaxReplicas", "MinReplicas", "BoundsClamp"):
+        if reason.code in ("ScalingLimited", "BudgetClamp", "StepCapped"):
             return True, reason.code, reason.message
     return False, "DesiredWithinRange", "the desired replicas are within bounds, budget and capacity"
 
@@ -404,3 +431,416 @@ def role_of(name: str) -> Role:
     if name not in ROLES:
         raise ValueError(f"role: expected one of {ROLES}, got {name!r}")
     return "prefill" if name == "prefill" else "decode"
+
+
+# ---------------------------------------------------------------------------------------------- I/O
+# Everything below talks to the API server (through disagg.k8s) or Prometheus (through disagg.metrics).
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+RATIO_POLICY = Kind("disagg.dev/v1alpha1", "RatioPolicy", "ratiopolicies")
+DEFAULT_SETTINGS = AutoscalingSettings.from_env()
+
+
+class SignalSource(Protocol):
+    """What the loop needs from Prometheus (implemented over :mod:`disagg.metrics`)."""
+
+    def observe(
+        self,
+        deployment: Mapping[str, Any],
+        roles: Mapping[Role, RoleObservation],
+        policy: RatioPolicySpec,
+        now: float,
+    ) -> Observation: ...
+
+    def running_per_pod(
+        self, deployment: Mapping[str, Any], role: Role, policy: RatioPolicySpec
+    ) -> dict[str, float | None]: ...
+
+
+def running_by_pod_query(engine: str, namespace: str, deployment: str, role: Role) -> str:
+    """PromQL: requests running per pod of one pool (the load that orders decode pods for removal)."""
+    metrics = ENGINE_METRICS[Engine(engine)]
+    sel = selector(namespace, deployment, role, TARGET_LABELS)
+    return " or ".join(f"sum by ({TARGET_LABELS.pod}) ({name}{sel})" for name in metrics.running)
+
+
+def loads_from_result(result: object) -> dict[str, float | None]:
+    """pod -> value from an instant-vector result; NaN or unparsable values are unknown (None)."""
+    loads: dict[str, float | None] = {}
+    for series in result if isinstance(result, list) else []:
+        try:
+            pod = str(series["metric"][TARGET_LABELS.pod])
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        loads[pod] = value if math.isfinite(value) else None
+    return loads
+
+
+@dataclass(frozen=True)
+class PrometheusSignalSource:
+    """The SignalSource over disagg.metrics' Prometheus adapter."""
+
+    adapter: PrometheusSignals
+
+    def observe(
+        self,
+        deployment: Mapping[str, Any],
+        roles: Mapping[Role, RoleObservation],
+        policy: RatioPolicySpec,
+        now: float,
+    ) -> Observation:
+        metadata = deployment["metadata"]
+        observation, signals = self.adapter.observe(
+            engine_of(deployment),
+            metadata["namespace"],
+            metadata["name"],
+            {str(role): pool for role, pool in roles.items()},
+            policy.slo.ttft.percentile,
+            policy.slo.itl.percentile,
+            policy.metric_window_seconds,
+            now,
+        )
+        if signals.errors:
+            log.warning(
+                "%s/%s: Prometheus queries failed: %s",
+                metadata["namespace"],
+                metadata["name"],
+                signals.errors,
+            )
+        return observation
+
+    def running_per_pod(
+        self, deployment: Mapping[str, Any], role: Role, policy: RatioPolicySpec
+    ) -> dict[str, float | None]:
+        metadata = deployment["metadata"]
+        query = running_by_pod_query(engine_of(deployment), metadata["namespace"], metadata["name"], role)
+        try:
+            return loads_from_result(self.adapter.client().custom_query(query))
+        except Exception as error:  # Prometheus down: every pod's load is unknown (never zero)
+            log.warning("per-pod load query failed: %s", error)
+            return {}
+
+
+def engine_of(deployment: Mapping[str, Any]) -> str:
+    return str(((deployment.get("spec") or {}).get("engine") or {}).get("type") or "vllm")
+
+
+def prometheus_signals(url: str) -> PrometheusSignalSource:
+    return PrometheusSignalSource(PrometheusSignals(url))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the handlers share for the operator's lifetime (kept in kopf's operator memo)."""
+
+    kube: KubeApi
+    settings: AutoscalingSettings
+    signals: SignalSource | None
+    metrics: AutoscalingMetrics
+
+
+def autoscaling_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
+    """kopf ``when`` filter: only deployments with spec.autoscaling.enabled get the timer's work."""
+    auto = spec.get("autoscaling") or {}
+    return bool(auto.get("enabled"))
+
+
+def role_bounds(spec: Mapping[str, Any], role: Role) -> RoleBounds:
+    auto = spec.get("autoscaling") or {}
+    role_spec = spec.get(role) or {}
+    limits = auto.get(role) or {}
+    replicas = int(role_spec.get("replicas", 1))
+    return RoleBounds(
+        min_replicas=int(limits.get("minReplicas", replicas)),
+        max_replicas=int(limits.get("maxReplicas", max(replicas, 1))),
+        gpus_per_replica=int(role_spec.get("tensorParallelSize", 1)),
+    )
+
+
+def bounds_of(spec: Mapping[str, Any]) -> Bounds:
+    """The policy bounds from a DisaggregatedDeployment spec (dict as served)."""
+    auto = spec.get("autoscaling") or {}
+    max_gpus = auto.get("maxGPUs")
+    return Bounds(
+        prefill=role_bounds(spec, "prefill"),
+        decode=role_bounds(spec, "decode"),
+        max_gpus=int(max_gpus) if max_gpus is not None else None,
+    )
+
+
+def read_role(
+    kube: KubeApi, namespace: str, name: str, role: Role, grace_s: float, now: float
+) -> tuple[RoleCounts, list[PodInfo]]:
+    """Replicas from the child Deployment, ready/pending/stuck from its pods."""
+    child = kube.get(DEPLOYMENT, namespace, f"{name}-{role}")
+    replicas = int(((child or {}).get("spec") or {}).get("replicas", 0))
+    selector = f"disagg.dev/deployment={name},disagg.dev/role={role}"
+    pods = [pod_info(p) for p in kube.list(POD, namespace, selector)]
+    return role_counts(replicas, pods, grace_s, now), pods
+
+
+def set_deletion_costs(kube: KubeApi, namespace: str, costs: Mapping[str, int]) -> None:
+    """Annotate each pod with its deletion cost (a merge patch: other annotations are kept)."""
+    for pod, cost in costs.items():
+        body = {"metadata": {"annotations": {POD_DELETION_COST: str(cost)}}}
+        try:
+            kube.request("PATCH", POD.path(namespace, pod), body=body, content_type=MERGE_PATCH)
+        except ApiException as error:
+            if error.status != 404:  # a pod that is already gone needs no cost
+                raise
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    kind: str
+    status: bool
+    reason: str
+    message: str
+    now: float
+
+
+def write_status(
+    kube: KubeApi, body: Mapping[str, Any], autoscaling: Mapping[str, Any], updates: Sequence[ConditionUpdate]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Merge-patch status.autoscaling and our conditions over a fresh read (other conditions are kept).
+
+    Returns the conditions before and after.
+    """
+    metadata = body["metadata"]
+    fresh = kube.get(DISAGG_DEPLOYMENT, metadata["namespace"], metadata["name"]) or dict(body)
+    before = list((fresh.get("status") or {}).get("conditions") or [])
+    generation = (fresh.get("metadata") or {}).get("generation")
+    after = before
+    for update in updates:
+        after = set_condition(
+            after, update.kind, update.status, update.reason, update.message, update.now, generation
+        )
+    kube.merge_patch_status(
+        DISAGG_DEPLOYMENT,
+        metadata["namespace"],
+        metadata["name"],
+        {"autoscaling": dict(autoscaling), "conditions": after},
+    )
+    return before, after
+
+
+def report_inactive(rt: Runtime, body: Mapping[str, Any], reason: str, message: str, now: float) -> None:
+    """ScalingActive=False (no policy, invalid policy): recorded once, with an Event when it flips."""
+    status = body.get("status") or {}
+    previous = {c.get("type"): c for c in status.get("conditions") or []}.get(CONDITION_ACTIVE) or {}
+    if previous.get("status") == "False" and previous.get("reason") == reason:
+        return
+    auto = dict(status.get("autoscaling") or {})
+    auto["lastEvaluationTime"] = rfc3339(now)
+    update = ConditionUpdate(CONDITION_ACTIVE, False, reason, message, now)
+    write_status(rt.kube, body, auto, [update])
+    post_event(rt.kube, body, reason, message, "Warning")
+
+
+def evaluate(
+    rt: Runtime, body: Mapping[str, Any], memo: MutableMapping[str, Any], now: float
+) -> Decision | None:
+    """One evaluation of one deployment, if due. Returns the decision (None when not due or no policy)."""
+    metadata, spec = body["metadata"], body.get("spec") or {}
+    namespace, name = metadata["namespace"], metadata["name"]
+    status = body.get("status") or {}
+    policy_name = ((spec.get("autoscaling") or {}).get("policyRef") or {}).get("name")
+    policy_obj = rt.kube.get(RATIO_POLICY, namespace, policy_name) if policy_name else None
+    if policy_obj is None:
+        report_inactive(
+            rt, body, "PolicyNotFound", f"RatioPolicy {policy_name!r} not found in {namespace}", now
+        )
+        return None
+    try:
+        policy = RatioPolicy.model_validate(policy_obj).spec
+    except ValidationError as error:
+        report_inactive(rt, body, "InvalidPolicy", f"RatioPolicy {policy_name}: {error}", now)
+        return None
+    last = memo.get("last_evaluation")
+    if last is None:
+        last = parse_rfc3339((status.get("autoscaling") or {}).get("lastEvaluationTime"))
+    if not is_due(last, float(policy.evaluation_interval_seconds), now):
+        return None
+    memo["last_evaluation"] = now
+    started = time.monotonic()
+
+    counts: dict[str, RoleCounts] = {}
+    pods: dict[str, list[PodInfo]] = {}
+    role_obs: dict[Role, RoleObservation] = {}
+    bounds = bounds_of(spec)
+    for role in ROLES:
+        counts[role], pods[role] = read_role(rt.kube, namespace, name, role, rt.settings.pending_grace_s, now)
+        c = counts[role]
+        role_obs[role] = RoleObservation(
+            replicas=c.replicas,
+            ready=c.ready,
+            pending=c.pending,
+            gpus_per_replica=bounds.role(role).gpus_per_replica,
+        )
+    if rt.signals is not None:
+        observation = rt.signals.observe(body, role_obs, policy, now)
+    else:
+        observation = Observation(time=now, prefill=role_obs["prefill"], decode=role_obs["decode"])
+
+    state: PolicyState = memo.get("policy_state") or PolicyState()
+    state, newly_limited = update_limits(state, counts, now, float(policy.pending_backoff_seconds))
+    decision, state = decide(observation, policy, state, now, bounds)
+    decision, clamped = apply_ceiling(decision, state.limited)
+    memo["policy_state"] = state
+    mode = policy.mode.value
+    current = current_replicas(counts)
+
+    if decode_scale_down(decision, counts, mode) and rt.signals is not None:
+        loads = rt.signals.running_per_pod(body, "decode", policy)
+        live = {p.name: loads.get(p.name) for p in pods["decode"] if not p.terminating}
+        set_deletion_costs(rt.kube, namespace, deletion_costs(live))
+
+    new_auto = autoscaling_status(
+        status.get("autoscaling"), str(policy_name), mode, decision, current, now, rt.settings.max_decisions
+    )
+    metrics_ok, metrics_reason, metrics_message = metrics_condition(observation)
+    limited, limited_reason, limited_message = limited_condition(decision, state.limited, clamped)
+    if mode == "active":
+        active = (
+            True,
+            "PolicyEvaluated",
+            f"RatioPolicy {policy_name} ({policy.algorithm.value}) decides replicas",
+        )
+    else:
+        active = (
+            False,
+            "AdvisoryMode",
+            f"RatioPolicy {policy_name} is advisory: decisions are recorded, not applied",
+        )
+    updates = [
+        ConditionUpdate(CONDITION_METRICS, metrics_ok, metrics_reason, metrics_message, now),
+        ConditionUpdate(CONDITION_ACTIVE, active[0], active[1], active[2], now),
+        ConditionUpdate(CONDITION_LIMITED, limited, limited_reason, limited_message, now),
+    ]
+    before, after = write_status(rt.kube, body, new_auto, updates)
+    for event in change_events(decision, current, mode, before, after):
+        post_event(
+            rt.kube, body, event.reason, event.message, "Warning" if event.type == "Warning" else "Normal"
+        )
+    if newly_limited:
+        log.info("%s/%s: roles limited by Pending pods: %s", namespace, name, newly_limited)
+    rt.metrics.record(name, decision, current, seconds=time.monotonic() - started)
+    return decision
+
+
+@dataclass(frozen=True)
+class AutoscalingMetrics:
+    """The loop's metrics, on the operator's registry (disagg.controller.metrics serves it)."""
+
+    decisions: Counter  # labels: deployment, reason (the decision's primary cause; NoChange included)
+    desired: Gauge  # labels: deployment, role
+    current: Gauge  # labels: deployment, role
+    loop_seconds: Histogram  # labels: deployment
+
+    @staticmethod
+    def create(registry: CollectorRegistry) -> AutoscalingMetrics:
+        return AutoscalingMetrics(
+            decisions=Counter(
+                "disagg_decisions",
+                "Ratio policy decisions, by deployment and primary reason.",
+                ["deployment", "reason"],
+                registry=registry,
+            ),
+            desired=Gauge(
+                "disagg_desired_replicas",
+                "Replicas the ratio policy wants per role.",
+                ["deployment", "role"],
+                registry=registry,
+            ),
+            current=Gauge(
+                "disagg_current_replicas",
+                "Replicas of the child Deployment per role when the policy was evaluated.",
+                ["deployment", "role"],
+                registry=registry,
+            ),
+            loop_seconds=Histogram(
+                "disagg_policy_loop_duration_seconds",
+                "Wall time of one policy evaluation (API reads, Prometheus queries, decide, status write).",
+                ["deployment"],
+                registry=registry,
+                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            ),
+        )
+
+    def record(self, deployment: str, decision: Decision, current: Mapping[str, int], seconds: float) -> None:
+        self.decisions.labels(deployment=deployment, reason=decision.cause).inc()
+        for role in ROLES:
+            self.desired.labels(deployment=deployment, role=role).set(decision.replicas(role))
+            if role in current:
+                self.current.labels(deployment=deployment, role=role).set(current[role])
+        self.loop_seconds.labels(deployment=deployment).observe(seconds)
+
+
+# ---------------------------------------------------------------------------------------------- kopf
+
+
+class RuntimeSlot:
+    """Holds the Runtime, built once at the first tick (after every startup handler has filled the memo).
+
+    Lives in the operator memo; kopf gives every object a shallow copy of it, so all objects share one
+    slot and one Runtime (one set of metrics on the registry).
+    """
+
+    def __init__(self, settings: AutoscalingSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._runtime: Runtime | None = None
+
+    def get(self, memo: Mapping[str, Any]) -> Runtime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = build_runtime(memo, self.settings)
+            return self._runtime
+
+
+def _find(memo: Mapping[str, Any], kind: type[T]) -> T | None:
+    return next((v for v in memo.values() if isinstance(v, kind)), None)
+
+
+def build_runtime(memo: Mapping[str, Any], settings: AutoscalingSettings) -> Runtime:
+    """The Runtime from what the operator put in its memo (KubeApi, metrics registry, Prometheus URL)."""
+    kube = _find(memo, KubeApi) or KubeApi(load_api_client())
+    controller_metrics = _find(memo, ControllerMetrics)
+    registry = controller_metrics.registry if controller_metrics else _find(memo, CollectorRegistry)
+    url = memo.get("prometheus_url") or settings.prometheus_url
+    return Runtime(
+        kube=kube,
+        settings=settings,
+        signals=prometheus_signals(str(url)) if url else None,
+        metrics=AutoscalingMetrics.create(registry if registry is not None else CollectorRegistry()),
+    )
+
+
+@kopf.on.startup()
+def prepare_autoscaling(memo: kopf.Memo, **_: Any) -> None:
+    memo["autoscaling_slot"] = RuntimeSlot(DEFAULT_SETTINGS)
+
+
+@kopf.timer(
+    "disagg.dev",
+    "v1alpha1",
+    "disaggregateddeployments",
+    id="autoscaling",
+    interval=DEFAULT_SETTINGS.tick_s,
+    when=autoscaling_enabled,
+)
+def autoscale(
+    body: kopf.Body, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
+) -> None:
+    """Evaluate the deployment's RatioPolicy when its evaluation interval has passed."""
+    slot = memo.get("autoscaling_slot")
+    if not isinstance(slot, RuntimeSlot):
+        slot = RuntimeSlot(DEFAULT_SETTINGS)
+        memo["autoscaling_slot"] = slot
+    decision = evaluate(slot.get(memo), body, memo, time.time())
+    if decision is not None and decision.reasons:
+        logger.info(
+            "autoscaling: prefill=%d decode=%d (%s)", decision.prefill, decision.decode, decision.cause
+        )

@@ -1,0 +1,938 @@
+"""``disagg demo``: the closed loop on the local control plane, time-compressed to a few minutes.
+
+It brings up the local control plane (real etcd, kube-apiserver, controller-manager, scheduler, kwok
+GPU nodes), installs the CRDs, starts the operator, a real Prometheus that discovers the engine pods
+through the API server, and the live twin that plays the engines of the DisaggregatedDeployment's pods
+(annotating each pod with the 127.0.0.1 endpoint Prometheus scrapes). It applies a RatioPolicy and a
+DisaggregatedDeployment, drives a traffic phase change (short chat prompts, then long documents) with
+the twin's load generator, shows the operator's decisions live, and writes a report with plots.
+
+The scenario (manifests, phases, Prometheus config, sampling, report) is shared with the closed-loop
+e2e test (tests/e2e/test_closed_loop.py), which asserts what the demo shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from kubernetes.client.exceptions import ApiException
+
+from disagg.k8s.client import APPLY_PATCH, DEPLOYMENT, DISAGG_DEPLOYMENT, KubeApi
+
+if TYPE_CHECKING:
+    from disagg.cluster.local import ClusterInfo
+    from disagg.cluster.prometheus import PrometheusProcess
+    from disagg.twin.live.load import LoadReport, LoadRequest
+
+# -------------------------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One traffic phase: Poisson arrivals at ``rate_rps`` with these mean prompt/output lengths."""
+
+    name: str
+    duration_s: float
+    rate_rps: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """The scenario, time-compressed so the whole demo takes about 3-5 minutes."""
+
+    namespace: str = "disagg-demo"
+    deployment: str = "chat"
+    policy: str = "demo-slo"
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    served_model: str = "llama-3.1-8b"
+    engine: str = "vllm"
+    connector: str = "nixl"
+    gpu_type: str = "h100"
+    ttft_slo_s: float = 1.0
+    itl_slo_s: float = 0.05
+    percentile: float = 90.0
+    prefill_replicas: int = 1
+    decode_replicas: int = 2
+    max_replicas: int = 6
+    max_gpus: int = 12
+    evaluation_interval_s: int = 5  # the RatioPolicy's minimum
+    metric_window_s: int = 15
+    scale_down_window_s: int = 60
+    scrape_interval_s: float = 2.0
+    refresh_s: float = 3.0
+    startup_delay_s: float = 5.0  # seconds of "model loading" before a new emulated pod serves
+    phases: tuple[Phase, ...] = (
+        Phase("chat", 50.0, 6.0, 300, 150),
+        Phase("documents", 150.0, 6.0, 6000, 150),
+    )
+    report_dir: Path = Path("reports/demo")
+    operator_tick_s: float = 1.0
+    pending_grace_s: float = 20.0
+
+    @property
+    def total_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def phase_at(self, elapsed_s: float) -> Phase:
+        edge = 0.0
+        for phase in self.phases:
+            edge += phase.duration_s
+            if elapsed_s < edge:
+                return phase
+        return self.phases[-1]
+
+
+def ratio_policy_manifest(settings: DemoSettings) -> dict[str, Any]:
+    """The demo's RatioPolicy: slo-feedback, short windows (time-compressed), active."""
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "RatioPolicy",
+        "metadata": {"name": settings.policy, "namespace": settings.namespace},
+        "spec": {
+            "slo": {
+                "ttft": {"percentile": settings.percentile, "targetSeconds": settings.ttft_slo_s},
+                "itl": {"percentile": settings.percentile, "targetSeconds": settings.itl_slo_s},
+            },
+            "algorithm": "slo-feedback",
+            "mode": "active",
+            "evaluationIntervalSeconds": settings.evaluation_interval_s,
+            "metricWindowSeconds": settings.metric_window_s,
+            "scaleUp": {"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 2, "decode": 2}},
+            "scaleDown": {
+                "stabilizationWindowSeconds": settings.scale_down_window_s,
+                "maxStep": {"prefill": 1, "decode": 1},
+            },
+            "tolerance": 0.1,
+            "gpuBudget": {"maxGPUs": settings.max_gpus},
+            "pendingBackoffSeconds": 60,
+        },
+    }
+
+
+def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
+    """The demo's DisaggregatedDeployment: vLLM + NIXL, one GPU per replica, autoscaling on."""
+    node_selector = {"disagg.dev/gpu-type": settings.gpu_type}
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": settings.deployment, "namespace": settings.namespace},
+        "spec": {
+            "model": {
+                "name": settings.model,
+                "servedName": settings.served_model,
+                "source": {"huggingFace": {"id": settings.model}},
+            },
+            "engine": {"type": settings.engine},
+            "kvTransfer": {"connector": settings.connector},
+            "prefill": {
+                "replicas": settings.prefill_replicas,
+                "tensorParallelSize": 1,
+                "nodeSelector": node_selector,
+            },
+            "decode": {
+                "replicas": settings.decode_replicas,
+                "tensorParallelSize": 1,
+                "nodeSelector": node_selector,
+            },
+            "router": {"replicas": 1},
+            "autoscaling": {
+                "enabled": True,
+                "policyRef": {"name": settings.policy},
+                "prefill": {"minReplicas": 1, "maxReplicas": settings.max_replicas},
+                "decode": {"minReplicas": 1, "maxReplicas": settings.max_replicas},
+                "maxGPUs": settings.max_gpus,
+            },
+        },
+    }
+
+
+# Pods the live twin plays carry the 127.0.0.1 address of their emulated engine (kwok pod IPs are not
+# routable); Prometheus scrapes that address instead of the pod IP.
+TWIN_ENDPOINT_ANNOTATION = "disagg.dev/twin-endpoint"
+
+
+def twin_endpoint_relabel() -> dict[str, Any]:
+    """Relabel ``__address__`` from the twin's annotation (``127.0.0.1:PORT``, scheme optional)."""
+    meta = "__meta_kubernetes_pod_annotation_" + "".join(
+        c if c.isalnum() else "_" for c in TWIN_ENDPOINT_ANNOTATION
+    )
+    # Relabelling semantics: https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config
+    return {
+        "source_labels": [meta],
+        "regex": r"(?:https?://)?([^/]+)/?",
+        "replacement": "$1",
+        "target_label": "__address__",
+    }
+
+
+def with_twin_endpoint(scrape_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod scrape config that also honours the twin's endpoint annotation (placed before labelling)."""
+    config = dict(scrape_config)
+    relabel = list(config.get("relabel_configs") or [])
+    position = next(
+        (i for i, r in enumerate(relabel) if r.get("target_label") == "__metrics_path__"), len(relabel)
+    )
+    relabel.insert(position, twin_endpoint_relabel())
+    config["relabel_configs"] = relabel
+    return config
+
+
+def prometheus_config(
+    pod_scrape: Mapping[str, Any], operator_metrics: str | None, scrape_interval_s: float
+) -> dict[str, Any]:
+    """prometheus.yml: the engines' pods (discovered through the API server) and the operator."""
+    interval = f"{max(1, round(scrape_interval_s))}s"
+    scrape_configs: list[dict[str, Any]] = [with_twin_endpoint(pod_scrape)]
+    if operator_metrics is not None:
+        scrape_configs.append(
+            {"job_name": "disagg-operator", "static_configs": [{"targets": [operator_metrics]}]}
+        )
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": scrape_configs,
+    }
+
+
+# -------------------------------------------------------------------------------------------- samples
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the demo shows at one moment."""
+
+    elapsed_s: float
+    phase: str
+    prefill: int  # desired replicas of the prefill child Deployment
+    decode: int
+    prefill_ready: int
+    decode_ready: int
+    ttft_s: float | None  # user TTFT at the policy percentile, from Prometheus (None: no data)
+    itl_s: float | None
+    cause: str  # the newest decision's cause
+    decisions: int  # decisions recorded so far
+
+
+def ratio(prefill: int, decode: int) -> str:
+    divisor = math.gcd(prefill, decode) or 1
+    return f"{prefill // divisor}:{decode // divisor}"
+
+
+def _latency(value: float | None, slo: float, unit_scale: float, unit: str) -> str:
+    if value is None:
+        return f"{'-':>7} / {slo * unit_scale:.0f}{unit}"
+    mark = "!" if value > slo else " "
+    return f"{value * unit_scale:>6.0f}{mark} / {slo * unit_scale:.0f}{unit}"
+
+
+TABLE_HEADER = (
+    f"{'time':>6}  {'phase':<10} {'P:D':>5} {'ready':>7}  {'TTFT p90 / SLO':>17}  {'ITL p90 / SLO':>16}"
+    "  cause"
+)
+
+
+def format_row(sample: Sample, settings: DemoSettings) -> str:
+    """One line of the live table, e.g. ``  42s  documents   2:2   2/2 ...``."""
+    return (
+        f"{sample.elapsed_s:>5.0f}s  {sample.phase:<10} {sample.prefill}:{sample.decode:<3}"
+        f" {sample.prefill_ready}/{sample.decode_ready:<5}"
+        f"  {_latency(sample.ttft_s, settings.ttft_slo_s, 1000, 'ms'):>17}"
+        f"  {_latency(sample.itl_s, settings.itl_slo_s, 1000, 'ms'):>16}  {sample.cause}"
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the run showed, summarised from the samples (used by the report and the e2e test)."""
+
+    start_prefill: int
+    start_decode: int
+    peak_prefill: int
+    final_prefill: int
+    final_decode: int
+    breached_after_shift: bool  # TTFT went over the SLO during the documents phase
+    recovered: bool  # ... and came back under it later in that phase
+    attainment: float | None  # fraction of samples (with data) meeting both SLOs
+
+    @property
+    def moved_toward_prefill(self) -> bool:
+        return self.peak_prefill > self.start_prefill or (
+            self.final_prefill / max(self.final_decode, 1) > self.start_prefill / max(self.start_decode, 1)
+        )
+
+
+def summarise(samples: Sequence[Sample], settings: DemoSettings, shift_phase: str = "documents") -> Outcome:
+    if not samples:
+        raise ValueError("samples: the run produced no samples")
+    first, last = samples[0], samples[-1]
+    shifted = [s for s in samples if s.phase == shift_phase]
+    breach_at = next(
+        (i for i, s in enumerate(shifted) if s.ttft_s is not None and s.ttft_s > settings.ttft_slo_s), None
+    )
+    recovered = breach_at is not None and any(
+        s.ttft_s is not None and s.ttft_s <= settings.ttft_slo_s for s in shifted[breach_at + 1 :]
+    )
+    measured = [(s.ttft_s, s.itl_s) for s in samples if s.ttft_s is not None and s.itl_s is not None]
+    good = [1 for ttft, itl in measured if ttft <= settings.ttft_slo_s and itl <= settings.itl_slo_s]
+    return Outcome(
+        start_prefill=first.prefill,
+        start_decode=first.decode,
+        peak_prefill=max(s.prefill for s in samples),
+        final_prefill=last.prefill,
+        final_decode=last.decode,
+        breached_after_shift=breach_at is not None,
+        recovered=recovered,
+        attainment=len(good) / len(measured) if measured else None,
+    )
+
+
+# -------------------------------------------------------------------------------------------- report
+
+
+def _series(
+    samples: Sequence[Sample], pick: Callable[[Sample], float | None]
+) -> tuple[list[float], list[float]]:
+    xs: list[float] = []
+    ys: list[float] = []
+    for sample in samples:
+        value = pick(sample)
+        xs.append(sample.elapsed_s)
+        ys.append(math.nan if value is None else value)
+    return xs, ys
+
+
+def phase_edges(settings: DemoSettings) -> list[tuple[str, float, float]]:
+    edges: list[tuple[str, float, float]] = []
+    start = 0.0
+    for phase in settings.phases:
+        edges.append((phase.name, start, start + phase.duration_s))
+        start += phase.duration_s
+    return edges
+
+
+def plot_report(samples: Sequence[Sample], settings: DemoSettings, path: Path) -> Path:
+    """TTFT and ITL vs their SLOs, and replicas per role, over time (phase changes shaded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    ttft_ax, itl_ax, rep_ax = axes
+    for name, start, end in phase_edges(settings):
+        for ax in axes:
+            ax.axvspan(start, end, alpha=0.08 if name == settings.phases[0].name else 0.16, color="tab:gray")
+        ttft_ax.text(start + 1, 0.98, name, transform=ttft_ax.get_xaxis_transform(), va="top", fontsize=8)
+    xs, ys = _series(samples, lambda s: s.ttft_s)
+    ttft_ax.plot(xs, ys, marker=".", label=f"TTFT p{settings.percentile:.0f}")
+    ttft_ax.axhline(settings.ttft_slo_s, color="tab:red", linestyle="--", label="SLO")
+    ttft_ax.set_ylabel("TTFT (s)")
+    ttft_ax.legend(loc="upper left", fontsize=8)
+    xs, ys = _series(samples, lambda s: s.itl_s)
+    itl_ax.plot(
+        xs, [y * 1000 for y in ys], marker=".", color="tab:green", label=f"ITL p{settings.percentile:.0f}"
+    )
+    itl_ax.axhline(settings.itl_slo_s * 1000, color="tab:red", linestyle="--", label="SLO")
+    itl_ax.set_ylabel("ITL (ms)")
+    itl_ax.legend(loc="upper left", fontsize=8)
+    for role, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
+        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, r)))  # type: ignore[misc]
+        rep_ax.step(xs, ys, where="post", color=color, label=f"{role} desired")
+        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, f"{r}_ready")))  # type: ignore[misc]
+        rep_ax.plot(xs, ys, linestyle=":", color=color, label=f"{role} ready")
+    changes = [b for a, b in itertools.pairwise(samples) if (a.prefill, a.decode) != (b.prefill, b.decode)]
+    for sample in changes:
+        rep_ax.axvline(sample.elapsed_s, color="tab:purple", alpha=0.3)
+        rep_ax.text(
+            sample.elapsed_s,
+            0.02,
+            sample.cause,
+            rotation=90,
+            fontsize=7,
+            transform=rep_ax.get_xaxis_transform(),
+            va="bottom",
+        )
+    rep_ax.set_ylabel("replicas")
+    rep_ax.set_xlabel("time since start (s)")
+    rep_ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"disagg closed loop: {settings.deployment} ({settings.engine}, {settings.connector})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in columns) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_report(
+    samples: Sequence[Sample],
+    decisions: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+    settings: DemoSettings,
+    out_dir: Path,
+) -> list[Path]:
+    """report.html (summary, plot, decisions, events), timeline.png and samples.json under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot_report(samples, settings, out_dir / "timeline.png")
+    outcome = summarise(samples, settings)
+    data = out_dir / "samples.json"
+    data.write_text(
+        json.dumps(
+            {
+                "settings": {k: str(v) for k, v in asdict(settings).items()},
+                "outcome": asdict(outcome),
+                "samples": [asdict(s) for s in samples],
+                "decisions": list(decisions),
+                "events": list(events),
+            },
+            indent=2,
+        )
+    )
+    attainment = "n/a" if outcome.attainment is None else f"{outcome.attainment:.0%}"
+    summary: list[dict[str, Any]] = [
+        {"what": "P:D at start", "value": f"{outcome.start_prefill}:{outcome.start_decode}"},
+        {"what": "P:D at end", "value": f"{outcome.final_prefill}:{outcome.final_decode}"},
+        {"what": "most prefill replicas", "value": outcome.peak_prefill},
+        {"what": "moved toward prefill", "value": outcome.moved_toward_prefill},
+        {"what": "TTFT breached after the shift", "value": outcome.breached_after_shift},
+        {"what": "TTFT recovered under the SLO", "value": outcome.recovered},
+        {"what": "samples meeting both SLOs", "value": attainment},
+    ]
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>disagg demo report</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}</style></head><body>
+<h1>disagg closed loop: {html.escape(settings.deployment)}</h1>
+<p>Phases: {
+        html.escape(
+            ", ".join(
+                f"{p.name} {p.duration_s:.0f}s at {p.rate_rps} req/s, "
+                f"{p.prompt_tokens} prompt / {p.output_tokens} output tokens"
+                for p in settings.phases
+            )
+        )
+    }.
+SLOs: TTFT p{settings.percentile:.0f} &le; {settings.ttft_slo_s * 1000:.0f} ms,
+ITL p{settings.percentile:.0f} &le; {settings.itl_slo_s * 1000:.0f} ms.</p>
+{_table(summary, ["what", "value"])}
+<h2>Timeline</h2><img src="{png.name}" alt="TTFT, ITL and replicas over time" width="100%">
+<h2>Decisions (status.autoscaling.decisions, newest first)</h2>
+{_table(decisions, ["time", "prefill", "decode", "cause", "message"])}
+<h2>Events</h2>
+{_table(events, ["time", "type", "reason", "message"])}
+</body></html>
+"""
+    page_path = out_dir / "report.html"
+    page_path.write_text(page)
+    return [page_path, png, data]
+
+
+# -------------------------------------------------------------------------------------------- live parts
+# Everything below starts processes or talks to the API server, Prometheus or the twin (127.0.0.1 only).
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the processes of the closed loop are started."""
+
+    operator_metrics_port: int
+    log_dir: Path
+    python: str = sys.executable
+    start_timeout_s: float = 120.0
+
+
+def _apply_path(obj: Mapping[str, Any], plural: str) -> str:
+    api_version = str(obj["apiVersion"])
+    metadata = obj["metadata"]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if metadata.get("namespace"):
+        base += f"/namespaces/{metadata['namespace']}"
+    return f"{base}/{plural}/{metadata['name']}"
+
+
+PLURALS = {
+    "Namespace": "namespaces",
+    "RatioPolicy": "ratiopolicies",
+    "DisaggregatedDeployment": "disaggregateddeployments",
+    "CustomResourceDefinition": "customresourcedefinitions",
+}
+
+
+def apply_object(kube: KubeApi, obj: Mapping[str, Any], field_manager: str = "disagg-demo") -> dict[str, Any]:
+    """Server-side apply of one object of a kind in PLURALS."""
+    path = _apply_path(obj, PLURALS[str(obj["kind"])])
+    query = [("fieldManager", field_manager), ("force", "true")]
+    return kube.request("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+    """Poll ``check`` until truthy; raise TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def install_crds(kube: KubeApi, timeout_s: float = 60.0) -> list[str]:
+    """Apply the generated CRDs and wait until the API server serves them (Established)."""
+    from disagg.api.crd import all_crds
+
+    names: list[str] = []
+    for crd in all_crds():
+        apply_object(kube, crd)
+        names.append(crd["metadata"]["name"])
+
+    def established() -> bool:
+        for name in names:
+            live = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = (live.get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return False
+        return True
+
+    wait_until(established, timeout_s, f"CRDs {', '.join(names)} to be Established")
+    return names
+
+
+def ensure_namespace(kube: KubeApi, namespace: str) -> None:
+    apply_object(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+
+    def service_account() -> bool:  # pods are admitted once the default ServiceAccount exists
+        try:
+            kube.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    wait_until(service_account, 60.0, f"ServiceAccount default in {namespace}")
+
+
+def _spawn(command: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
+    """SIGTERM the process group started for ``process``; SIGKILL after ``timeout_s``."""
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def operator_command(settings: DemoSettings, run: RunSettings, prometheus_url: str | None) -> list[str]:
+    command = [
+        run.python,
+        "-m",
+        "disagg",
+        "run",
+        "--namespace",
+        settings.namespace,
+        "--standalone",
+        "--metrics-port",
+        str(run.operator_metrics_port),
+        "--metrics-host",
+        "127.0.0.1",
+    ]
+    if prometheus_url:
+        command += ["--prometheus-url", prometheus_url]
+    return command
+
+
+def operator_env(cluster: ClusterInfo, settings: DemoSettings, prometheus_url: str | None) -> dict[str, str]:
+    env = {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "DISAGG_AUTOSCALING_TICK_S": str(settings.operator_tick_s),
+        "DISAGG_AUTOSCALING_PENDING_GRACE_S": str(settings.pending_grace_s),
+    }
+    if prometheus_url:
+        env["DISAGG_PROMETHEUS_URL"] = prometheus_url
+    return env
+
+
+def twin_command(
+    settings: DemoSettings, run: RunSettings, cluster: ClusterInfo, endpoints: Path
+) -> list[str]:
+    return [
+        run.python,
+        "-m",
+        "disagg",
+        "twin",
+        "serve",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--namespace",
+        settings.namespace,
+        "--deployment",
+        settings.deployment,
+        "--model",
+        settings.served_model,
+        "--startup-delay",
+        str(settings.startup_delay_s),
+        "--proxy-port",
+        "0",
+        "--endpoints-file",
+        str(endpoints),
+    ]
+
+
+def read_proxy_url(endpoints: Path) -> str | None:
+    try:
+        document = json.loads(endpoints.read_text())
+    except (OSError, ValueError):
+        return None
+    url = document.get("proxy") if isinstance(document, dict) else None
+    return str(url) if url else None
+
+
+@dataclass
+class ClosedLoop:
+    """The running closed loop: Prometheus, the operator and the live twin around one deployment."""
+
+    cluster: ClusterInfo
+    settings: DemoSettings
+    run: RunSettings
+    kube: KubeApi
+    prometheus: PrometheusProcess | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    twin: subprocess.Popen[bytes] | None = None
+    proxy_url: str | None = None
+    signals: Any = None  # disagg.metrics' Prometheus adapter, when available
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def operator_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.run.operator_metrics_port}/metrics"
+
+    def start_prometheus(self) -> None:
+        from disagg.cluster.prometheus import start_prometheus
+        from disagg.metrics.relabel import engine_scrape_config
+
+        pods = engine_scrape_config(
+            job_name="engines",
+            kubeconfig_file=str(self.cluster.kubeconfig),
+            namespaces=[self.settings.namespace],
+            scrape_interval_s=max(1, round(self.settings.scrape_interval_s)),
+        )
+        config = prometheus_config(
+            pods, f"127.0.0.1:{self.run.operator_metrics_port}", self.settings.scrape_interval_s
+        )
+        self.prometheus = start_prometheus(config, self.run.log_dir / "prometheus")
+
+    def start_operator(self) -> None:
+        url = self.prometheus.url if self.prometheus else None
+        self.operator = _spawn(
+            operator_command(self.settings, self.run, url),
+            operator_env(self.cluster, self.settings, url),
+            self.run.log_dir / "operator.log",
+        )
+
+    def apply_scenario(self) -> None:
+        apply_object(self.kube, ratio_policy_manifest(self.settings))
+        apply_object(self.kube, deployment_manifest(self.settings))
+
+    def start_twin(self) -> None:
+        endpoints = self.run.log_dir / "twin-endpoints.json"
+        endpoints.unlink(missing_ok=True)
+        self.twin = _spawn(
+            twin_command(self.settings, self.run, self.cluster, endpoints),
+            {"KUBECONFIG": str(self.cluster.kubeconfig)},
+            self.run.log_dir / "twin.log",
+        )
+
+        def proxy() -> str | None:
+            if self.twin is not None and self.twin.poll() is not None:
+                raise RuntimeError(f"the live twin exited: see {self.run.log_dir / 'twin.log'}")
+            return read_proxy_url(endpoints)
+
+        self.proxy_url = wait_until(proxy, self.run.start_timeout_s, "the live twin's proxy")
+
+    def children_ready(self) -> bool:
+        name, ns = self.settings.deployment, self.settings.namespace
+        for role in ("prefill", "decode", "router"):
+            child = self.kube.get(DEPLOYMENT, ns, f"{name}-{role}")
+            if child is None:
+                return False
+        return True
+
+    def role_replicas(self, role: str) -> tuple[int, int]:
+        child = self.kube.get(DEPLOYMENT, self.settings.namespace, f"{self.settings.deployment}-{role}") or {}
+        desired = int((child.get("spec") or {}).get("replicas") or 0)
+        ready = int((child.get("status") or {}).get("readyReplicas") or 0)
+        return desired, ready
+
+    def deployment(self) -> dict[str, Any]:
+        return self.kube.get(DISAGG_DEPLOYMENT, self.settings.namespace, self.settings.deployment) or {}
+
+    def decisions(self) -> list[dict[str, Any]]:
+        auto = (self.deployment().get("status") or {}).get("autoscaling") or {}
+        return list(auto.get("decisions") or [])
+
+    def events(self) -> list[dict[str, Any]]:
+        """Events about the deployment, oldest first."""
+        query = [("fieldSelector", f"involvedObject.name={self.settings.deployment}")]
+        items = self.kube.request("GET", f"/api/v1/namespaces/{self.settings.namespace}/events", query=query)
+        rows = [
+            {
+                "time": e.get("lastTimestamp") or e.get("eventTime") or "",
+                "type": e.get("type", ""),
+                "reason": e.get("reason", ""),
+                "message": e.get("message", ""),
+            }
+            for e in items.get("items") or []
+        ]
+        return sorted(rows, key=lambda r: str(r["time"]))
+
+    def latencies(self) -> tuple[float | None, float | None]:
+        """User TTFT and ITL at the policy percentile, read from Prometheus as the operator reads them."""
+        if self.prometheus is None:
+            return None, None
+        ttft, itl = read_latencies(self.prometheus.url, self.settings)
+        return ttft, itl
+
+    def sample(self, elapsed_s: float) -> Sample:
+        (p_desired, p_ready), (d_desired, d_ready) = (
+            self.role_replicas("prefill"),
+            self.role_replicas("decode"),
+        )
+        decisions = self.decisions()
+        ttft, itl = self.latencies()
+        return Sample(
+            elapsed_s=elapsed_s,
+            phase=self.settings.phase_at(elapsed_s).name,
+            prefill=p_desired,
+            decode=d_desired,
+            prefill_ready=p_ready,
+            decode_ready=d_ready,
+            ttft_s=ttft,
+            itl_s=itl,
+            cause=str(decisions[0].get("cause", "")) if decisions else "",
+            decisions=len(decisions),
+        )
+
+    def stop(self) -> None:
+        stop_process(self.twin)
+        stop_process(self.operator)
+        if self.prometheus is not None:
+            self.prometheus.stop()
+
+
+def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float | None, float | None]:
+    """User TTFT and ITL at the policy percentile, with the operator's own PromQL and combination
+    (disagg.metrics); None when Prometheus has no data for one."""
+    from disagg.metrics.prometheus import PrometheusSignals, combine_ttft
+    from disagg.metrics.queries import QuerySet, build_queries
+
+    every = build_queries(
+        settings.engine,
+        settings.namespace,
+        settings.deployment,
+        settings.percentile,
+        settings.percentile,
+        settings.metric_window_s,
+    )
+    wanted = ("ttft_prefill_side", "ttft_decode_side", "itl")
+    signals = PrometheusSignals(prometheus_url).run(QuerySet({k: every[k] for k in wanted}))
+    ttft = combine_ttft(signals.get("ttft_prefill_side"), signals.get("ttft_decode_side"))
+    itl = signals.get("itl")
+    return (ttft.value if ttft.ok else None), (itl.value if itl.ok else None)
+
+
+def phase_requests(phase: Phase, seed: int) -> list[LoadRequest]:
+    from disagg.twin.live.load import poisson_requests
+
+    count = int(phase.rate_rps * phase.duration_s * 1.5) + 10  # more than the phase can send
+    return poisson_requests(phase.rate_rps, count, phase.prompt_tokens, phase.output_tokens, seed=seed)
+
+
+def run_traffic(proxy_url: str, settings: DemoSettings) -> list[LoadReport]:
+    """Each phase's Poisson load through the twin's proxy, one after the other (blocking)."""
+    import asyncio
+
+    from disagg.twin.live.load import LoadSettings, run_load
+
+    reports: list[LoadReport] = []
+    for index, phase in enumerate(settings.phases):
+        requests = phase_requests(phase, seed=index)
+        load = LoadSettings(
+            target=proxy_url,
+            max_requests=len(requests),
+            max_duration_s=phase.duration_s,
+            model=settings.served_model,
+        )
+        reports.append(asyncio.run(run_load(requests, load)))
+    return reports
+
+
+def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[LoadReport]]:
+    """Run the traffic phases in a thread and sample/print the loop every ``refresh_s`` meanwhile."""
+    import threading
+
+    if loop.proxy_url is None:
+        raise RuntimeError("the live twin's proxy is not up")
+    settings = loop.settings
+    reports: list[LoadReport] = []
+    failure: list[BaseException] = []
+
+    def traffic() -> None:
+        try:
+            reports.extend(run_traffic(str(loop.proxy_url), settings))
+        except BaseException as error:  # reported by the main thread
+            failure.append(error)
+
+    thread = threading.Thread(target=traffic, name="demo-traffic", daemon=True)
+    samples: list[Sample] = []
+    print(TABLE_HEADER, file=out, flush=True)
+    started = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        sample = loop.sample(time.monotonic() - started)
+        samples.append(sample)
+        print(format_row(sample, settings), file=out, flush=True)
+        thread.join(timeout=settings.refresh_s)
+    if failure:
+        raise RuntimeError(f"traffic failed: {failure[0]}") from failure[0]
+    return samples, reports
+
+
+def kubectl_get(cluster: ClusterInfo, namespace: str, what: str) -> str:
+    from disagg.cluster.binaries import ensure_binary
+
+    kubectl = ensure_binary("kubectl")
+    result = subprocess.run(
+        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "get", what, "-o", "wide"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return result.stdout + result.stderr
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    defaults = DemoSettings()
+    parser.add_argument("--keep", action="store_true", help="leave the local cluster up afterwards")
+    parser.add_argument("--state-dir", type=Path, help="state directory of the local cluster")
+    parser.add_argument("--namespace", default=defaults.namespace, help="namespace (default %(default)s)")
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        default=defaults.report_dir,
+        help="where the report goes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="divide every phase's duration by this (e.g. 2 for a quicker, rougher run)",
+    )
+    parser.set_defaults(func=run_demo)
+
+
+def _step(out: TextIO, text: str) -> None:
+    print(f"==> {text}", file=out, flush=True)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from disagg.cluster import LocalCluster
+    from disagg.cluster.local import free_ports
+    from disagg.k8s.client import load_api_client
+
+    if not args.speed > 0:
+        raise SystemExit("disagg demo: --speed must be > 0")
+    base = DemoSettings()
+    settings = replace(
+        base,
+        namespace=args.namespace,
+        report_dir=args.report_dir,
+        phases=tuple(replace(p, duration_s=p.duration_s / args.speed) for p in base.phases),
+    )
+    out = sys.stdout
+    cluster_manager = LocalCluster(state_dir=args.state_dir) if args.state_dir else LocalCluster()
+    _step(out, "local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
+    cluster = cluster_manager.up()
+    (port,) = free_ports(1)
+    run = RunSettings(operator_metrics_port=port, log_dir=settings.report_dir / "logs")
+    kube = KubeApi(load_api_client(cluster.kubeconfig))
+    loop = ClosedLoop(cluster, settings, run, kube)
+    try:
+        _step(out, f"CRDs: {', '.join(install_crds(kube))}")
+        ensure_namespace(kube, settings.namespace)
+        _step(out, "Prometheus, discovering the engine pods through the API server")
+        loop.start_prometheus()
+        _step(out, f"operator (logs: {run.log_dir / 'operator.log'}), metrics on {loop.operator_metrics_url}")
+        loop.start_operator()
+        _step(out, f"RatioPolicy {settings.policy} and DisaggregatedDeployment {settings.deployment}")
+        loop.apply_scenario()
+        wait_until(loop.children_ready, run.start_timeout_s, "the deployment's children")
+        print(
+            kubectl_get(cluster, settings.namespace, "dd,ratiopolicies,deployments,services,pods"), file=out
+        )
+        _step(out, "live twin: one emulated engine per pod, annotated for Prometheus")
+        loop.start_twin()
+        phases = ", then ".join(
+            f"{p.name} ({p.prompt_tokens}-token prompts) for {p.duration_s:.0f}s" for p in settings.phases
+        )
+        _step(out, f"traffic: {phases}")
+        samples, reports = drive(loop, out)
+        for phase, report in zip(settings.phases, reports, strict=False):
+            print(f"   {phase.name}: {report.summary()}", file=out)
+        paths = write_report(samples, loop.decisions(), loop.events(), settings, settings.report_dir)
+        outcome = summarise(samples, settings)
+        _step(
+            out,
+            f"P:D {outcome.start_prefill}:{outcome.start_decode} -> "
+            f"{outcome.final_prefill}:{outcome.final_decode} (most prefill {outcome.peak_prefill}); "
+            f"TTFT recovered: {outcome.recovered}",
+        )
+        _step(out, f"report: {paths[0]}")
+        return 0
+    finally:
+        loop.stop()
+        if args.keep:
+            _step(out, f"cluster left up: export KUBECONFIG={cluster.kubeconfig}")
+        else:
+            cluster_manager.down()

@@ -1,0 +1,128 @@
+"""The closed-loop scenario's pure parts: manifests, Prometheus config, live table, summary and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.ratiopolicy import RatioPolicy
+from disagg.demo import (
+    DemoSettings,
+    Phase,
+    Sample,
+    deployment_manifest,
+    format_row,
+    prometheus_config,
+    ratio_policy_manifest,
+    summarise,
+    write_report,
+)
+
+SETTINGS = DemoSettings(
+    phases=(Phase("chat", 30.0, 5.0, 300, 64), Phase("documents", 60.0, 5.0, 12000, 64)),
+)
+
+
+def test_scenario_manifests_are_valid_api_objects() -> None:
+    dd = DisaggregatedDeployment.model_validate(deployment_manifest(SETTINGS))
+    assert dd.spec.autoscaling is not None and dd.spec.autoscaling.enabled
+    assert dd.spec.autoscaling.policy_ref is not None
+    assert dd.spec.autoscaling.policy_ref.name == SETTINGS.policy
+    policy = RatioPolicy.model_validate(ratio_policy_manifest(SETTINGS))
+    assert policy.spec.evaluation_interval_seconds == SETTINGS.evaluation_interval_s
+    assert policy.spec.slo.ttft.target_seconds == SETTINGS.ttft_slo_s
+    assert (
+        policy.spec.scale_down.stabilization_window_seconds
+        > policy.spec.scale_up.stabilization_window_seconds
+    )
+
+
+def test_phases_are_found_by_elapsed_time() -> None:
+    assert SETTINGS.total_s == 90.0
+    assert SETTINGS.phase_at(0).name == "chat"
+    assert SETTINGS.phase_at(29.9).name == "chat"
+    assert SETTINGS.phase_at(30).name == "documents"
+    assert SETTINGS.phase_at(500).name == "documents"
+
+
+def test_prometheus_scrapes_the_twin_endpoint_before_labelling() -> None:
+    pods = {
+        "job_name": "engines",
+        "kubernetes_sd_configs": [{"role": "pod"}],
+        "relabel_configs": [
+            {"source_labels": ["a"], "target_label": "__address__"},
+            {"source_labels": ["b"], "target_label": "__metrics_path__"},
+        ],
+    }
+    config = prometheus_config(pods, "127.0.0.1:9300", 2.0)
+    engines, operator = config["scrape_configs"]
+    targets = [r.get("target_label") for r in engines["relabel_configs"]]
+    assert targets == ["__address__", "__address__", "__metrics_path__"]
+    twin = engines["relabel_configs"][1]
+    assert twin["source_labels"] == ["__meta_kubernetes_pod_annotation_disagg_dev_twin_endpoint"]
+    assert pods["relabel_configs"][0] is engines["relabel_configs"][0]  # the input is not modified
+    assert len(pods["relabel_configs"]) == 2
+    assert operator["static_configs"] == [{"targets": ["127.0.0.1:9300"]}]
+    assert config["global"]["scrape_interval"] == "2s"
+
+
+def _sample(t: float, prefill: int, decode: int, ttft: float | None, itl: float | None = 0.02) -> Sample:
+    return Sample(
+        elapsed_s=t,
+        phase=SETTINGS.phase_at(t).name,
+        prefill=prefill,
+        decode=decode,
+        prefill_ready=prefill,
+        decode_ready=decode,
+        ttft_s=ttft,
+        itl_s=itl,
+        cause="TTFTBreachPrefillQueue" if prefill > 1 else "",
+        decisions=prefill,
+    )
+
+
+RUN = [
+    _sample(0, 1, 2, None, None),
+    _sample(10, 1, 2, 0.2),
+    _sample(35, 1, 2, 3.5),
+    _sample(45, 3, 2, 2.0),
+    _sample(60, 3, 2, 0.6),
+    _sample(80, 3, 2, 0.5),
+]
+
+
+def test_live_row_marks_latencies_over_the_slo() -> None:
+    row = format_row(RUN[2], SETTINGS)
+    assert "documents" in row and "1:2" in row
+    assert "3500! / 1000ms" in row
+    assert "20  / 50ms" in row
+    assert "- / 1000ms" in format_row(RUN[0], SETTINGS)
+
+
+def test_summary_sees_the_move_toward_prefill_and_the_recovery() -> None:
+    outcome = summarise(RUN, SETTINGS)
+    assert (outcome.start_prefill, outcome.start_decode) == (1, 2)
+    assert outcome.peak_prefill == 3 and outcome.moved_toward_prefill
+    assert outcome.breached_after_shift and outcome.recovered
+    assert outcome.attainment == pytest.approx(3 / 5)
+
+
+def test_summary_without_recovery() -> None:
+    stuck = [*RUN[:3], _sample(60, 1, 2, 4.0)]
+    outcome = summarise(stuck, SETTINGS)
+    assert outcome.breached_after_shift and not outcome.recovered
+    assert not outcome.moved_toward_prefill
+    with pytest.raises(ValueError, match="samples"):
+        summarise([], SETTINGS)
+
+
+def test_report_has_page_plot_and_data(tmp_path: Path) -> None:
+    decisions = [{"time": "t", "prefill": 3, "decode": 2, "cause": "TTFTBreachPrefillQueue", "message": "m"}]
+    events = [{"time": "t", "type": "Normal", "reason": "TTFTBreachPrefillQueue", "message": "<x>"}]
+    page, png, data = write_report(RUN, decisions, events, SETTINGS, tmp_path / "r")
+    text = page.read_text()
+    assert "TTFTBreachPrefillQueue" in text and "&lt;x&gt;" in text and 'src="timeline.png"' in text
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert '"recovered": true' in data.read_text()
