@@ -83,7 +83,10 @@ app.kubernetes.io/part-of: disagg
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ .Values.metrics.port }}
 {{- end }}
-- --log-level={{ .Values.logLevel }}
+{{- with .Values.prometheus.url }}
+- --prometheus-url={{ . }}
+{{- end }}
+- --log-level={{ upper .Values.logLevel }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}

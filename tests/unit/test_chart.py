@@ -1,0 +1,152 @@
+"""The chart's static parts, without helm: CRDs in sync, values vs schema, kopf peering CRDs, dashboard.
+
+Rendering, linting and installing the chart are in tests/integration/test_chart.py (they need helm and
+the API server).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kopf._cogs.structs import references
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "disagg-operator"
+PEERING_FILE = "kopf-peering.yaml"
+DASHBOARD = CHART / "dashboards" / "disagg-overview.json"
+# Series the operator exports that the dashboard plots (assumed names, see docs/install.md).
+OPERATOR_SERIES = {
+    "disagg_decisions_total",
+    "disagg_desired_replicas",
+    "disagg_current_replicas",
+    "disagg_loop_duration_seconds_bucket",
+    "disagg_slo_seconds",
+    "disagg_operator_reconciles_total",
+}
+
+
+def test_chart_crds_are_identical_to_the_generated_ones() -> None:
+    generated = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    assert generated, "crds/ is empty: run `disagg crds`"
+    in_chart = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*.yaml"))}
+    stale = sorted(name for name, content in generated.items() if in_chart.get(name) != content)
+    assert not stale, f"chart crds/ differs from crds/ for {stale}: run `sh charts/sync-crds.sh`"
+    extra = sorted(set(in_chart) - set(generated) - {PEERING_FILE})
+    assert not extra, f"chart crds/ has files that crds/ does not: {extra}"
+
+
+def _peering_crds() -> dict[str, dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all((CHART / "crds" / PEERING_FILE).read_text()) if d]
+    return {d["spec"]["names"]["kind"]: d for d in docs}
+
+
+@pytest.mark.parametrize(
+    ("kind", "scope", "selector"),
+    [
+        ("ClusterKopfPeering", "Cluster", references.CLUSTER_PEERINGS_K),
+        ("KopfPeering", "Namespaced", references.NAMESPACED_PEERINGS_K),
+    ],
+)
+def test_peering_crds_are_the_ones_kopf_looks_for(
+    kind: str, scope: str, selector: references.Selector
+) -> None:
+    crd = _peering_crds()[kind]
+    assert crd["spec"]["group"] == selector.group
+    assert crd["spec"]["names"]["plural"] == selector.any_name
+    assert crd["spec"]["scope"] == scope
+    assert crd["metadata"]["name"] == f"{selector.any_name}.{selector.group}"
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == selector.version and version["served"] and version["storage"]
+    # kopf keeps the keep-alives of every replica under status, keyed by identity.
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def _undeclared(values: Any, schema: dict[str, Any], defs: dict[str, Any], path: str) -> list[str]:
+    """Keys in ``values`` the schema does not declare (where the schema closes an object)."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+    if not isinstance(values, dict) or "properties" not in schema:
+        return []
+    found = []
+    for key, value in values.items():
+        sub = schema["properties"].get(key)
+        if sub is None:
+            if schema.get("additionalProperties") is False:
+                found.append(f"{path}{key}")
+            continue
+        found.extend(_undeclared(value, sub, defs, f"{path}{key}."))
+    return found
+
+
+def _schema() -> dict[str, Any]:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert isinstance(schema, dict)
+    return schema
+
+
+def _values() -> dict[str, Any]:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert isinstance(values, dict)
+    return values
+
+
+def test_every_default_value_is_declared_in_the_schema() -> None:
+    schema = _schema()
+    assert _undeclared(_values(), schema, schema["definitions"], "") == []
+
+
+def test_defaults_are_the_secure_highly_available_ones() -> None:
+    values = _values()
+    assert values["replicaCount"] >= 2 and values["peering"]["enabled"]
+    assert values["podSecurityContext"]["runAsNonRoot"] is True
+    assert values["podSecurityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    container = values["securityContext"]
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"]["drop"] == ["ALL"]
+    assert values["resources"]["requests"] and values["resources"]["limits"]
+
+
+def test_schema_enums_hold_the_defaults() -> None:
+    props = _schema()["properties"]
+    values = _values()
+    assert values["watch"]["scope"] in props["watch"]["properties"]["scope"]["enum"]
+    assert values["logLevel"] in props["logLevel"]["enum"]
+    assert values["image"]["pullPolicy"] in props["image"]["properties"]["pullPolicy"]["enum"]
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = []
+    for panel in dashboard["panels"]:
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        exprs.extend(t["expr"] for t in panel["targets"])
+    return exprs
+
+
+def test_dashboard_plots_latency_against_slo_replicas_and_decisions() -> None:
+    titles = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+    assert {
+        "TTFT vs SLO",
+        "ITL vs SLO",
+        "Replicas per role: desired vs current",
+        "Decisions by reason",
+    } <= titles
+    series = {m for e in _dashboard_exprs() for m in re.findall(r"\b(disagg_[a-z_]+)\b", e)}
+    assert series <= OPERATOR_SERIES, f"dashboard uses unknown operator series {series - OPERATOR_SERIES}"
+
+
+def test_dashboard_engine_metrics_are_the_ones_the_engines_export() -> None:
+    # The emulated engines (disagg.twin.live) export the real vLLM/SGLang names; the dashboard must match.
+    exposition = (REPO / "operator" / "disagg" / "twin" / "live" / "exposition.py").read_text()
+    names = {m for e in _dashboard_exprs() for m in re.findall(r"\b((?:vllm|sglang):[a-z_]+)", e)}
+    assert names
+    for name in names:
+        base = name.removesuffix("_bucket")
+        assert f'"{base}"' in exposition, f"{base} is not exported by the engines"
