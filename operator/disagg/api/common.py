@@ -233,5 +233,6 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
     for error in exc.errors():
         path = _loc_path(tuple(error["loc"]))
         message = str(error["msg"]).removeprefix("Value error, ")
-        lines.append(f"{path}: {message}" if path else message)
+        # Cross-field messages already start with the full field path; don't repeat the model's path.
+        lines.append(f"{path}: {message}" if path and not message.startswith(path) else message)
     return lines
