@@ -235,3 +235,13 @@ def test_settings_from_env_validate_numbers() -> None:
     assert AutoscalingSettings.from_env({}) == AutoscalingSettings()
     with pytest.raises(ValueError, match="DISAGG_AUTOSCALING_PENDING_GRACE_S"):
         AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_PENDING_GRACE_S": "soon"})
+
+
+def test_a_target_is_announced_once_until_applied() -> None:
+    decision = _decision(3, 2, "TTFTBreachPrefillQueue")
+    current = {"prefill": 2, "decode": 2}
+    recorded = {"prefill": 3, "decode": 2, "cause": "TTFTBreachPrefillQueue"}
+    assert change_events(decision, current, "advisory", [], [], previous_target=recorded) == []
+    earlier = {"prefill": 2, "decode": 2, "cause": "Steady"}
+    (event,) = change_events(decision, current, "advisory", [], [], previous_target=earlier)
+    assert event.message.startswith("recommends prefill 2 -> 3")

@@ -395,11 +395,17 @@ def change_events(
     mode: str,
     previous_conditions: Sequence[Mapping[str, Any]],
     conditions: Sequence[Mapping[str, Any]],
+    previous_target: Mapping[str, Any] | None = None,
 ) -> list[EventSpec]:
-    """An Event for every change: a new target (with its cause) and every condition that flipped."""
+    """An Event for every change: a new target (with its cause) and every condition that flipped.
+
+    A target is announced once: not again while the reconciler has yet to apply it (``previous_target``
+    is the last recorded decision), and in advisory mode not on every evaluation.
+    """
     events: list[EventSpec] = []
     target = {"prefill": decision.prefill, "decode": decision.decode}
-    if any(target[r] != current.get(r) for r in ROLES):
+    repeated = previous_target is not None and all(previous_target.get(r) == target[r] for r in ROLES)
+    if not repeated and any(target[r] != current.get(r) for r in ROLES):
         verb = "recommends" if mode == "advisory" else "scales"
         moves = ", ".join(
             f"{r} {current.get(r)} -> {target[r]}" for r in ROLES if target[r] != current.get(r)
@@ -720,7 +726,9 @@ def evaluate(
         ConditionUpdate(CONDITION_LIMITED, limited, limited_reason, limited_message, now),
     ]
     before, after = write_status(rt.kube, body, new_auto, updates)
-    for event in change_events(decision, current, mode, before, after):
+    history = (status.get("autoscaling") or {}).get("decisions") or []
+    previous_target = dict(history[0]) if history else None
+    for event in change_events(decision, current, mode, before, after, previous_target):
         post_event(
             rt.kube, body, event.reason, event.message, "Warning" if event.type == "Warning" else "Normal"
         )
