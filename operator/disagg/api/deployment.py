@@ -207,6 +207,24 @@ class EngineSpec(ApiModel):
 # ------------------------------------------------------------------------------------------ kv transfer
 
 
+# Ports the rendered pods use besides the connector ports a user picks (see disagg.render.settings):
+# engine HTTP (vLLM 8000, SGLang 30000), P2P NCCL kv_port 21001, LMCache receiver ports 7300-7499.
+ENGINE_POD_PORTS = (8000, 30000, 21001)
+LMCACHE_PORT_RANGE = (7300, 7499)
+# Router container ports besides spec.router.port: metrics 29000, LMCache proxy 7500, P2P NCCL proxy 30001.
+ROUTER_POD_PORTS = (29000, 7500, 30001)
+_TAKEN = f"({', '.join(map(str, ENGINE_POD_PORTS))}, {LMCACHE_PORT_RANGE[0]}-{LMCACHE_PORT_RANGE[1]})"
+
+
+def _port_free_rule(expr: str) -> str:
+    low, high = LMCACHE_PORT_RANGE
+    return f"!({expr} in {list(ENGINE_POD_PORTS)}) && ({expr} < {low} || {expr} > {high})"
+
+
+def _port_taken(port: int) -> bool:
+    return port in ENGINE_POD_PORTS or LMCACHE_PORT_RANGE[0] <= port <= LMCACHE_PORT_RANGE[1]
+
+
 class KVTransferSpec(ApiModel):
     """How the prefill pool hands KV caches to the decode pool."""
 
@@ -217,7 +235,17 @@ class KVTransferSpec(ApiModel):
                     "self.bootstrapPort != self.sideChannelPort",
                     "spec.kvTransfer.bootstrapPort and spec.kvTransfer.sideChannelPort must differ",
                     ".sideChannelPort",
-                )
+                ),
+                _rule(
+                    _port_free_rule("self.bootstrapPort"),
+                    f"spec.kvTransfer.bootstrapPort must not be a port the engine pods use {_TAKEN}",
+                    ".bootstrapPort",
+                ),
+                _rule(
+                    _port_free_rule("self.sideChannelPort"),
+                    f"spec.kvTransfer.sideChannelPort must not be a port the engine pods use {_TAKEN}",
+                    ".sideChannelPort",
+                ),
             ]
         }
     )
@@ -362,6 +390,19 @@ class RoleSpec(ApiModel):
 
 class RouterSpec(ApiModel):
     """The request router in front of both pools (OpenAI-compatible API)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    f"!(self.port in {list(ROUTER_POD_PORTS)})",
+                    "spec.router.port must not be a port the router pod already uses "
+                    f"({', '.join(map(str, ROUTER_POD_PORTS))})",
+                    ".port",
+                )
+            ]
+        }
+    )
 
     replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
     image: str | None = Field(
@@ -523,8 +564,22 @@ class DisaggregatedDeploymentSpec(ApiModel):
                 f"{' and '.join(allowed) if len(allowed) == 2 else ', '.join(allowed)} connectors, "
                 f"not {self.kv_transfer.connector}"
             )
-        if self.kv_transfer.bootstrap_port == self.kv_transfer.side_channel_port:
+        kv = self.kv_transfer
+        if kv.bootstrap_port == kv.side_channel_port:
             raise ValueError("spec.kvTransfer.bootstrapPort and spec.kvTransfer.sideChannelPort must differ")
+        for field_name, port in (
+            ("bootstrapPort", kv.bootstrap_port),
+            ("sideChannelPort", kv.side_channel_port),
+        ):
+            if _port_taken(port):
+                raise ValueError(
+                    f"spec.kvTransfer.{field_name} must not be a port the engine pods use {_TAKEN}"
+                )
+        if self.router.port in ROUTER_POD_PORTS:
+            raise ValueError(
+                "spec.router.port must not be a port the router pod already uses "
+                f"({', '.join(map(str, ROUTER_POD_PORTS))})"
+            )
         if self.autoscaling is None:
             return self
         for role in ROLE_NAMES:
