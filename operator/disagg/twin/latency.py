@@ -86,6 +86,7 @@ DEFAULT_KV_SETUP_S = 0.002
 class Runtime:
     overhead_factor: float
     step_overhead_s: float
+    request_overhead_s: float
     activation_reserve_gib: float
     gpu_memory_utilization: float
 
@@ -274,6 +275,7 @@ def load_latency_model(model: str, gpu: str, tp: int, dtype: str = "bf16") -> La
     runtime = Runtime(
         overhead_factor=float(rt["overhead_factor"]),
         step_overhead_s=float(rt["step_overhead_ms"]) / 1000,
+        request_overhead_s=float(rt.get("request_overhead_ms", 0.0)) / 1000,
         activation_reserve_gib=float(rt["activation_reserve_gib"]),
         gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
     )

@@ -83,6 +83,7 @@ class SimDeployment:
     link: str = "nic"
     kv_setup_s: float | None = None
     startup_delay_s: float = 120.0
+    request_overhead_s: float | None = None  # front-end delay before the engine queue; None: profile's
     name: str = "twin"
 
     def __post_init__(self) -> None:
@@ -338,6 +339,18 @@ class SimResult:
 
 
 # --- the simulator -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClosedLoop:
+    """``concurrency`` clients each keep one request of fixed shape in flight, ``total`` requests in all."""
+
+    concurrency: int
+    prompt_tokens: int
+    output_tokens: int
+    total: int
+    ramp_s: float = 0.0  # client i sends its first request at i * ramp_s / concurrency (desynchronises)
+    random_start: bool = False  # first requests at seeded uniform-random times in [0, ramp_s] instead
+
+
 _ARRIVAL_DONE = math.inf
 
 
@@ -352,6 +365,7 @@ class Simulator:
         percentile: float = 0.9,
         max_time_s: float | None = None,
         progress: Callable[[float, int, int], None] | None = None,
+        closed_loop: ClosedLoop | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
@@ -363,6 +377,8 @@ class Simulator:
         self.percentile = percentile
         self.rng = random.Random(seed)
         self.progress = progress
+        self.closed_loop = closed_loop
+        self._closed_issued = 0
         self.reqs = [
             SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
             for i, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
@@ -385,6 +401,9 @@ class Simulator:
             self.pools[role] = pool
             for _ in range(spec.replicas):
                 self._add_replica(pool, ready_at=0.0)
+        self.first_pool = self.pools["prefill" if deployment.mode == "pd" else "colocated"]
+        ovh = deployment.request_overhead_s
+        self.frontend_s = self.first_pool.latency.runtime.request_overhead_s if ovh is None else ovh
         self.gpu_seconds = 0.0
         self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
         self._gpu_t = 0.0
@@ -398,8 +417,19 @@ class Simulator:
         self.rejected = 0
         self._log_replicas()
 
+    def _issue_closed_loop(self) -> None:
+        """Closed loop: a client sends its next request as soon as its previous one finished."""
+        cl = self.closed_loop
+        assert cl is not None
+        if self._closed_issued >= cl.total:
+            return
+        req = SimRequest(len(self.reqs), self.now, cl.prompt_tokens, cl.output_tokens)
+        self._closed_issued += 1
+        self.reqs.append(req)
+        self._on_arrival(req)
+
     # event kinds
-    STEP, TRANSFER, READY, TICK = range(4)
+    STEP, TRANSFER, READY, TICK, CLIENT, FRONTEND = range(6)
 
     def _push(self, t: float, kind: int, obj: Any, version: int = 0) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, obj, version))
@@ -495,7 +525,10 @@ class Simulator:
         w.arrivals += 1
         w.prompt_lens.append(req.prompt)
         w.output_lens.append(req.output)
-        self._route(self.pools["prefill" if self.dep.mode == "pd" else "colocated"], req)
+        if self.frontend_s > 0:
+            self._push(self.now + self.frontend_s, self.FRONTEND, req)
+        else:
+            self._route(self.first_pool, req)
 
     def _on_step(self, rep: Replica) -> None:
         step = rep.step
@@ -529,6 +562,9 @@ class Simulator:
             for req in ev.first_tokens:
                 w.prefill_time.append(req.prefill_done_time - req.prefill_start)
         self.done += len(ev.finished)
+        if self.closed_loop is not None:
+            for _ in ev.finished:
+                self._issue_closed_loop()
         self._kick(rep)
         self._maybe_retire(rep)
 
@@ -620,11 +656,21 @@ class Simulator:
     def run(self) -> SimResult:
         reqs = self.reqs
         n = len(reqs)
+        cl = self.closed_loop
+        if cl is not None:
+            for c in range(min(cl.concurrency, cl.total)):
+                if cl.ramp_s > 0 and c > 0:
+                    start = (
+                        self.rng.uniform(0, cl.ramp_s) if cl.random_start else c * cl.ramp_s / cl.concurrency
+                    )
+                    self._push(start, self.CLIENT, None)
+                else:
+                    self._issue_closed_loop()
         i = 0
         heap = self.heap
         self._push(self.interval, self.TICK, None)
         next_progress = 0.0
-        while self.done < n or i < n:
+        while self.done < len(reqs) or i < n:
             t_arr = reqs[i].arrival if i < n else _ARRIVAL_DONE
             t_evt = heap[0][0] if heap else _ARRIVAL_DONE
             if t_arr == _ARRIVAL_DONE and t_evt == _ARRIVAL_DONE:
@@ -647,12 +693,16 @@ class Simulator:
                 self._route(self.pools["decode"], obj)
             elif kind == self.READY:
                 self._on_ready(obj)
+            elif kind == self.FRONTEND:
+                self._route(self.first_pool, obj)
+            elif kind == self.CLIENT:
+                self._issue_closed_loop()
             else:
                 self._on_tick()
-                if self.done < n or i < n:
+                if self.done < len(reqs) or i < n:
                     self._push(self.now + self.interval, self.TICK, None)
             if self.progress is not None and self.now >= next_progress:
-                self.progress(self.now, self.done, n)
+                self.progress(self.now, self.done, len(reqs))
                 next_progress = self.now + 60.0
         self._account_gpus()
         self._log_replicas()
@@ -695,8 +745,9 @@ def simulate(
     percentile: float = 0.9,
     max_time_s: float | None = None,
     progress: Callable[[float, int, int], None] | None = None,
+    closed_loop: ClosedLoop | None = None,
 ) -> SimResult:
-    """Replay ``requests`` through ``deployment``; see the module docstring."""
+    """Replay ``requests`` (plus a closed-loop load, if given) through ``deployment``; see the module doc."""
     return Simulator(
-        deployment, requests, controller, interval_s, seed, percentile, max_time_s, progress
+        deployment, requests, controller, interval_s, seed, percentile, max_time_s, progress, closed_loop
     ).run()

@@ -1,0 +1,175 @@
+"""Invariants of the twin's engine core and simulator (pure, small traces, seconds in total)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from disagg.policy.types import Observation
+from disagg.twin.engine import EngineCore, EngineSettings, SimRequest
+from disagg.twin.latency import load_latency_model
+from disagg.twin.sim import LogHistogram, PoolSpec, SimDeployment, simulate
+from disagg.twin.traffic import LengthDist, Request, poisson
+
+LAT_8B = load_latency_model("llama-3.1-8b", "h100", 1)
+
+
+def pd_8b(prefill: int = 1, decode: int = 1, **kw: object) -> SimDeployment:
+    return SimDeployment(
+        model="llama-3.1-8b",
+        prefill=PoolSpec(prefill, 1),
+        decode=PoolSpec(decode, 1),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def trace(rate: float = 4.0, duration: float = 120.0, seed: int = 3) -> list[Request]:
+    return poisson(rate, duration, LengthDist(1500, 0.8, hi=8000), LengthDist(150, 1.0, hi=1000), seed=seed)
+
+
+def run_engine(core: EngineCore, reqs: list[SimRequest]) -> list:
+    """Drive one engine to completion with every request admitted at t=0; returns the planned steps."""
+    now = 0.0
+    for r in reqs:
+        core.admit(r, now)
+    steps = []
+    while (step := core.plan_step(now)) is not None:
+        steps.append((step.prefill_tokens, step.decode_batch, step.steps, core.kv_used))
+        assert core.kv_used + step.decode_batch * step.steps + step.prefill_tokens <= core.kv_capacity
+        core.complete_step(step)
+        now = step.end
+    return steps
+
+
+def test_every_request_finishes_once_and_ttft_covers_prefill_and_transfer() -> None:
+    reqs = trace()
+    for dep in (pd_8b(), pd_8b().colocated_equivalent()):
+        res = simulate(dep, reqs)
+        assert res.finished + res.rejected == len(reqs)
+        assert res.rejected == 0
+        standalone = np.array([LAT_8B.prefill_time_s([int(p)]) for p in res.prompt])
+        floor = standalone
+        if dep.mode == "pd":
+            floor = floor + np.array([LAT_8B.kv_transfer_time_s(int(p)) for p in res.prompt])
+        assert np.all(res.ttft >= floor - 1e-9)
+        assert np.all(res.e2e >= res.ttft)
+        assert res.itl_hist.total == pytest.approx(float(np.sum(res.output - 1)))
+
+
+def test_same_seed_same_result() -> None:
+    reqs = trace(seed=7)
+    a, b = simulate(pd_8b(routing="random"), reqs, seed=11), simulate(pd_8b(routing="random"), reqs, seed=11)
+    np.testing.assert_array_equal(a.ttft, b.ttft)
+    np.testing.assert_array_equal(a.e2e, b.e2e)
+    assert a.gpu_hours == b.gpu_hours
+
+
+def test_chunked_prefill_respects_token_budget_and_seq_limit() -> None:
+    core = EngineCore(LAT_8B, EngineSettings(role="colocated", max_num_batched_tokens=1024, max_num_seqs=8))
+    reqs = [SimRequest(i, 0.0, 700 + 300 * i, 40) for i in range(12)]
+    steps = run_engine(core, reqs)
+    assert all(p + d <= 1024 for p, d, k, _ in steps if k == 1)
+    assert max(d for _, d, _, _ in steps) <= 8
+    assert any(p > 0 and d > 0 for p, d, _, _ in steps)  # chunks really mix with decodes
+    assert all(r.generated == r.output for r in reqs)
+    assert core.kv_used == 0 and core.outstanding_tokens == 0
+
+
+def test_kv_pressure_preempts_and_recomputes() -> None:
+    core = EngineCore(LAT_8B, EngineSettings(role="colocated", kv_capacity_tokens=6000))
+    reqs = [SimRequest(i, 0.0, 1000, 800) for i in range(6)]
+    run_engine(core, reqs)
+    assert sum(r.preemptions for r in reqs) > 0
+    assert all(r.generated == r.output and r.finish_time == r.finish_time for r in reqs)
+    assert core.kv_used == 0
+
+
+def test_decode_jumps_equal_single_steps() -> None:
+    reqs_a = [SimRequest(i, 0.0, 500 + 10 * i, 30 + 17 * i) for i in range(10)]
+    reqs_b = [SimRequest(i, 0.0, 500 + 10 * i, 30 + 17 * i) for i in range(10)]
+    jumping = run_engine(EngineCore(LAT_8B, EngineSettings(role="decode")), reqs_a)
+    stepping = run_engine(EngineCore(LAT_8B, EngineSettings(role="decode", max_jump_steps=1)), reqs_b)
+    assert len(jumping) < len(stepping) / 5
+    for a, b in zip(reqs_a, reqs_b, strict=True):
+        assert a.finish_time == pytest.approx(b.finish_time, rel=1e-9)
+        assert a.first_token_time == pytest.approx(b.first_token_time, rel=1e-9)
+
+
+def test_interrupting_a_jump_keeps_time_consistent() -> None:
+    core = EngineCore(LAT_8B, EngineSettings(role="decode"))
+    core.admit(SimRequest(0, 0.0, 1000, 500), 0.0)
+    step = core.plan_step(0.0)
+    assert step is not None and step.steps == 500
+    core.interrupt(step, step.first_step_time * 10.5)
+    assert step.steps == 11
+    core.complete_step(step)
+    assert core.generated_of(core.decoding[0]) == 11
+
+
+class ScaleAt:
+    """A controller that asks for fixed targets from a given time on, recording what it saw."""
+
+    def __init__(self, at: float, target: Mapping[str, int]) -> None:
+        self.at, self.target = at, dict(target)
+        self.seen: list[Observation] = []
+
+    def __call__(self, obs: Observation) -> dict[str, int] | None:
+        self.seen.append(obs)
+        return self.target if obs.time >= self.at else None
+
+
+def test_new_replicas_wait_for_startup_and_cost_gpu_hours_meanwhile() -> None:
+    reqs = trace(duration=400)
+    ctl = ScaleAt(30.0, {"prefill": 2, "decode": 1})
+    res = simulate(pd_8b(startup_delay_s=120.0), reqs, controller=ctl, interval_s=30.0)
+    first_alloc = min(t for t, d in res.replicas if d["prefill"][0] == 2)
+    first_ready = min(t for t, d in res.replicas if d["prefill"][1] == 2)
+    assert first_alloc == pytest.approx(30.0)
+    assert first_ready == pytest.approx(150.0)
+    static = simulate(pd_8b(), reqs)
+    assert res.gpu_hours - static.gpu_hours == pytest.approx((res.duration_s - 30.0) / 3600, rel=0.02)
+    assert ctl.seen[0].prefill.replicas == 1 and ctl.seen[-1].prefill.ready == 2
+
+
+def test_scale_down_drains_in_flight_work() -> None:
+    reqs = trace(rate=6.0, duration=200)
+    res = simulate(pd_8b(decode=2), reqs, controller=ScaleAt(60.0, {"prefill": 1, "decode": 1}))
+    assert res.finished == len(reqs)
+    decode_alloc = [d["decode"][0] for _, d in res.replicas]
+    assert decode_alloc[0] == 2 and decode_alloc[-1] == 1
+    drained_at = min(t for t, d in res.replicas if d["decode"][0] == 1)
+    assert drained_at > 60.0  # the removed replica finished its requests first
+
+
+def test_observation_reports_missing_signals_as_missing() -> None:
+    ctl = ScaleAt(1e9, {})
+    simulate(pd_8b(), [Request(200.0, 100, 10)], controller=ctl, interval_s=30.0)
+    idle = ctl.seen[0]
+    assert not idle.ttft.ok and not idle.itl.ok and idle.request_rate.value == 0.0
+    assert idle.prefill.ready == 1 and idle.decode.gpus_per_replica == 1
+
+
+def test_log_histogram_quantiles_within_a_bucket() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(-3.5, 0.6, 20000)
+    h = LogHistogram()
+    for v in values:
+        h.add(float(v))
+    for q in (0.5, 0.9, 0.99):
+        assert h.quantile(q) == pytest.approx(float(np.quantile(values, q)), rel=0.03)
+
+
+def test_oversized_request_is_rejected_not_hung() -> None:
+    res = simulate(pd_8b(), [Request(0.0, 10_000_000, 10), Request(1.0, 100, 10)])
+    assert res.rejected == 1 and res.finished == 1
+
+
+def test_bad_deployment_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^prefill/decode"):
+        SimDeployment(model="llama-3.1-8b", prefill=PoolSpec(1, 1))
+    with pytest.raises(ValueError, match=r"^tp"):
+        PoolSpec(1, 3)
+    with pytest.raises(ValueError, match=r"^routing"):
+        pd_8b(routing="fastest")
