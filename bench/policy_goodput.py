@@ -308,7 +308,8 @@ def run_case(case: TraceCase, setup: Setup, quick: bool) -> list[Row]:
     if quick:
         reqs = [r for r in reqs if r.arrival_s < 900.0]
     print(
-        f"\n== {case.name}: {len(reqs)} requests, SLO TTFT p90 <= {case.ttft_slo_s}s, ITL <= {case.itl_slo_s * 1000:.0f}ms"
+        f"\n== {case.name}: {len(reqs)} requests, SLO TTFT p90 <= {case.ttft_slo_s}s, "
+        f"ITL <= {case.itl_slo_s * 1000:.0f}ms"
     )
     rows: list[Row] = []
     shift_t: float | None = None
@@ -344,7 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"evaluation every {setup.interval_s:.0f}s"
     )
     print(
-        f"  {'policy':<22} {'SLO ok':>7} {'good/GPU-h':>11} {'GPU-h':>8} {'actions':>7} {'osc':>5} {'recovery':>9}"
+        f"  {'policy':<22} {'SLO ok':>7} {'good/GPU-h':>11} {'GPU-h':>8} {'actions':>7} {'osc':>5} "
+        f"{'recovery':>9}"
     )
     for case in CASES:
         if args.trace and case.name not in args.trace:
