@@ -2,10 +2,11 @@
 
 The follower lists and watches the pods labelled ``disagg.dev/deployment=<name>`` (role from
 ``disagg.dev/role``), tells the pod pool which ones should serve (Running, not being deleted), and
-annotates each serving pod with ``disagg.dev/twin-endpoint: 127.0.0.1:PORT`` so a Prometheus using
-kubernetes_sd (role pod) can point ``__address__`` at it. Which latency model a pod runs comes from the
-DisaggregatedDeployment (model name, quantization, engine) and the pod itself (GPU type from its
-nodeSelector, tensor-parallel size from its ``nvidia.com/gpu`` limit), with CLI overrides first.
+annotates each serving pod with ``disagg.dev/twin-endpoint: 127.0.0.1:PORT`` (and the same value under
+``disagg.dev/scrape-address``) so a Prometheus using kubernetes_sd (role pod) can point ``__address__``
+at it. Which latency model a pod runs comes from the DisaggregatedDeployment (model name, quantization,
+engine) and the pod itself (GPU type from its nodeSelector, tensor-parallel size from its
+``nvidia.com/gpu`` limit), with CLI overrides first.
 The Kubernetes client is synchronous, so its calls run in worker threads.
 """
 
@@ -27,6 +28,9 @@ from disagg.twin.live.pods import PodPool, PodSpec
 log = logging.getLogger(__name__)
 
 ENDPOINT_ANNOTATION = "disagg.dev/twin-endpoint"
+# disagg.cluster.prometheus.kubernetes_pod_sd_config relabels __address__ from this one; set both so
+# either scrape config finds the emulated engine.
+SCRAPE_ADDRESS_ANNOTATION = "disagg.dev/scrape-address"
 ROLE_LABEL = "disagg.dev/role"
 DEPLOYMENT_LABEL = "disagg.dev/deployment"
 GPU_TYPE_LABEL = "disagg.dev/gpu-type"
@@ -282,7 +286,9 @@ class PodFollower:
         """Set the endpoint annotation on a pod (the pool's ready hook calls this too)."""
         from kubernetes.client.exceptions import ApiException
 
-        body = {"metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint}}}
+        body = {
+            "metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint, SCRAPE_ADDRESS_ANNOTATION: endpoint}}
+        }
         try:
             await asyncio.to_thread(self.core.patch_namespaced_pod, name, self.namespace, body)
         except ApiException as err:

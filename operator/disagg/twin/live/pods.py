@@ -100,6 +100,13 @@ class PodPool:
         delay = self.settings.startup_delay_s * self.settings.engine.time_scale
         if delay:
             await asyncio.sleep(delay)
+        try:
+            await self._serve(pod)
+        except Exception:
+            log.exception("pod %s could not start its emulated engine", pod.spec.name)
+            raise
+
+    async def _serve(self, pod: TwinPod) -> None:
         spec = pod.spec
         model = self._latency(spec.choice)
         engine_settings = self.settings.engine
