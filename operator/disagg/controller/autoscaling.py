@@ -607,6 +607,12 @@ class ConditionUpdate:
     now: float
 
 
+def fresh_object(kube: KubeApi, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object as the API server has it now (kopf's body may predate our own last status write)."""
+    metadata = body["metadata"]
+    return kube.get(DISAGG_DEPLOYMENT, metadata["namespace"], metadata["name"]) or body
+
+
 def write_status(
     kube: KubeApi, body: Mapping[str, Any], autoscaling: Mapping[str, Any], updates: Sequence[ConditionUpdate]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -615,7 +621,7 @@ def write_status(
     Returns the conditions before and after.
     """
     metadata = body["metadata"]
-    fresh = kube.get(DISAGG_DEPLOYMENT, metadata["namespace"], metadata["name"]) or dict(body)
+    fresh = fresh_object(kube, body)
     before = list((fresh.get("status") or {}).get("conditions") or [])
     generation = (fresh.get("metadata") or {}).get("generation")
     after = before
@@ -671,6 +677,7 @@ def evaluate(
         return None
     memo["last_evaluation"] = now
     started = time.monotonic()
+    status = fresh_object(rt.kube, body).get("status") or {}
 
     counts: dict[str, RoleCounts] = {}
     pods: dict[str, list[PodInfo]] = {}
