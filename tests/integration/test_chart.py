@@ -1,0 +1,715 @@
+"""The Helm chart against the real API server of the local control plane.
+
+- ``helm lint``; ``helm template`` for several values combinations, each accepted by the API server with
+  ``kubectl apply --dry-run=server``; bad values fail at template time naming the field (values.schema.json).
+- ``helm install``; then the operator process runs with the chart's ServiceAccount identity (a kubeconfig
+  built from a TokenRequest token) and reconciles an example end to end under the chart's RBAC, and is
+  denied what it should not do. ``helm upgrade`` and ``helm uninstall`` leave no orphaned objects.
+- Two operator processes with kopf peering: only one acts; when it dies the other takes over within the
+  peering lifetime.
+
+kwok fakes the chart's operator pods (they never run the image), so the operator runs here as a process
+with exactly the identity and permissions the chart gives those pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.cluster.binaries import ensure_binary
+from disagg.cluster.local import ClusterInfo
+from disagg.cluster.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "disagg-operator"
+POLICIES = REPO / "policies"
+DD_GROUP, DD_VERSION, DD_PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor"}
+# Short peering lifetime so the failover test waits seconds, not a minute (kopf's default is 60 s).
+PEERING_LIFETIME_S = 10
+RECONCILE_TIMEOUT_S = 90.0
+
+
+# ------------------------------------------------------------------------------------------ tools
+
+
+@dataclass(frozen=True)
+class Tools:
+    helm: Path
+    kubectl: Path
+    env: dict[str, str]  # KUBECONFIG plus helm's own dirs under a temporary directory
+
+    def helm_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run([str(self.helm), *args], self.env, check)
+
+    def kubectl_run(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return _run([str(self.kubectl), *args], self.env, check, stdin)
+
+
+def _run(
+    cmd: Sequence[str], env: dict[str, str], check: bool, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(cmd), env=env, input=stdin, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def helm_only(tmp_path_factory: pytest.TempPathFactory) -> Tools:
+    """helm and kubectl with helm's own dirs under a temporary directory, and no cluster."""
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "KUBECONFIG": str(home / "no-cluster.kubeconfig"),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    return Tools(helm=ensure_binary("helm"), kubectl=ensure_binary("kubectl"), env=env)
+
+
+@pytest.fixture(scope="module")
+def tools(helm_only: Tools, kubeconfig: Path) -> Tools:
+    """The same tools against the local control plane."""
+    return Tools(
+        helm=helm_only.helm, kubectl=helm_only.kubectl, env={**helm_only.env, "KUBECONFIG": str(kubeconfig)}
+    )
+
+
+@pytest.fixture(scope="module")
+def chart_crds(tools: Tools) -> list[str]:
+    """The chart's CRDs (disagg.dev and kopf's peering), really applied, as `helm install` would."""
+    tools.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    names = [
+        doc["metadata"]["name"]
+        for path in sorted((CHART / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    tools.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    return names
+
+
+def _values_file(tmp_path: Path, values: dict[str, Any], name: str = "values.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _render(
+    tools: Tools,
+    tmp_path: Path,
+    release: str,
+    namespace: str,
+    values: dict[str, Any],
+    api_versions: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    args = ["template", release, str(CHART), "-n", namespace, "-f", str(_values_file(tmp_path, values))]
+    for api_version in api_versions:
+        args += ["--api-versions", api_version]
+    out = tools.helm_run(*args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _kinds(docs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def _dry_run(tools: Tools, namespace: str, docs: Sequence[dict[str, Any]]) -> str:
+    stream = yaml.safe_dump_all(list(docs))
+    return tools.kubectl_run("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=stream).stdout
+
+
+@pytest.fixture
+def extra_namespace(k8s_api: Any) -> Iterator[str]:
+    core = client.CoreV1Api(k8s_api)
+    name = f"chart-extra-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
+
+
+def _release() -> str:
+    return f"dd{uuid.uuid4().hex[:6]}"
+
+
+def _fullname(release: str) -> str:
+    return f"{release}-disagg-operator"
+
+
+# ------------------------------------------------------------------------------ lint and template
+
+
+def test_helm_lint_passes_for_each_scope(helm_only: Tools, tmp_path: Path) -> None:
+    helm_only.helm_run("lint", "--strict", str(CHART))
+    namespaced = _values_file(
+        tmp_path, {"watch": {"scope": "namespaces", "namespaces": ["team-a", "team-b"]}}
+    )
+    helm_only.helm_run("lint", "--strict", str(CHART), "-f", str(namespaced))
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"replicaCount": 0}, "replicaCount"),
+        ({"watch": {"scope": "everywhere"}}, "scope"),
+        ({"watch": {"scope": "namespaces"}}, "namespaces"),
+        ({"watch": {"scope": "namespaces", "namespaces": ["Not_A_Namespace"]}}, "namespaces"),
+        ({"securityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
+        ({"securityContext": {"allowPrivilegeEscalation": True}}, "allowPrivilegeEscalation"),
+        ({"image": {"repository": "disagg/operator", "pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"peering": {"lifetime": 1}}, "lifetime"),
+        ({"replicas": 2}, "replicas"),
+    ],
+    ids=lambda v: json.dumps(v, separators=(",", ":")) if isinstance(v, dict) else v,
+)
+def test_bad_values_fail_naming_the_field(
+    helm_only: Tools, tmp_path: Path, values: dict[str, Any], field: str
+) -> None:
+    result = helm_only.helm_run(
+        "template", "bad", str(CHART), "-f", str(_values_file(tmp_path, values)), check=False
+    )
+    assert result.returncode != 0, f"helm accepted bad values {values}:\n{result.stdout[:2000]}"
+    assert field in result.stderr, result.stderr
+
+
+def _operator_deployment(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = _kinds(docs)["Deployment"]
+    return deployment
+
+
+def test_default_render_is_secure_and_highly_available(helm_only: Tools, tmp_path: Path) -> None:
+    docs = _render(helm_only, tmp_path, "rel", "disagg-system", {})
+    deployment = _operator_deployment(docs)
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["port"] == "healthz"
+    assert container["readinessProbe"]["httpGet"]["port"] == "healthz"
+    assert container["resources"]["limits"] and container["resources"]["requests"]
+    assert "--all-namespaces" in container["args"]
+    assert "--peering=rel-disagg-operator" in container["args"]
+    kinds = _kinds(docs)
+    assert [p["metadata"]["name"] for p in kinds["ClusterKopfPeering"]] == ["rel-disagg-operator"]
+    assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    assert "ServiceMonitor" not in kinds, "rendered without the Prometheus Operator's API"
+    dashboard = json.loads(kinds["ConfigMap"][0]["data"]["disagg-overview.json"])
+    assert dashboard["uid"] == "disagg-overview"
+
+
+COMBINATIONS: dict[str, dict[str, Any]] = {
+    "cluster-scope-defaults": {},
+    "namespaced-scope": {"watch": {"scope": "namespaces"}},  # namespaces filled in by the test
+    "single-replica-standalone": {
+        "replicaCount": 1,
+        "peering": {"enabled": False},
+        "metrics": {"enabled": False},
+        "monitoring": {"dashboard": {"enabled": False}},
+    },
+    "bring-your-own-rbac": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
+    "prometheus-operator": {"monitoring": {"serviceMonitor": {"labels": {"release": "kube-prometheus"}}}},
+}
+
+
+@pytest.mark.parametrize("combination", list(COMBINATIONS))
+def test_template_is_accepted_by_the_api_server(
+    tools: Tools,
+    chart_crds: list[str],
+    namespace: str,
+    extra_namespace: str,
+    tmp_path: Path,
+    combination: str,
+) -> None:
+    values = json.loads(json.dumps(COMBINATIONS[combination]))
+    if combination == "namespaced-scope":
+        values["watch"]["namespaces"] = [namespace, extra_namespace]
+    api_versions = (
+        ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor")
+        if combination == "prometheus-operator"
+        else ()
+    )
+    release = _release()
+    docs = _render(tools, tmp_path, release, namespace, values, api_versions)
+    kinds = _kinds(docs)
+
+    if combination == "namespaced-scope":
+        roles = kinds["Role"]
+        assert sorted(r["metadata"]["namespace"] for r in roles) == sorted([namespace, extra_namespace])
+        assert sorted(p["metadata"]["namespace"] for p in kinds["KopfPeering"]) == sorted(
+            [namespace, extra_namespace]
+        )
+        assert "ClusterKopfPeering" not in kinds
+    if combination == "single-replica-standalone":
+        args = _operator_deployment(docs)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--standalone" in args
+        assert not {"PodDisruptionBudget", "ClusterKopfPeering", "Service", "ConfigMap"} & set(kinds)
+    if combination == "bring-your-own-rbac":
+        assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"} & set(kinds)
+        assert _operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    if combination == "prometheus-operator":
+        (monitor,) = kinds["ServiceMonitor"]
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+        (pod_monitor,) = kinds["PodMonitor"]
+        assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+        assert pod_monitor["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/managed-by": "disagg-operator"
+        }
+
+    # The Prometheus Operator's CRDs are not installed here: dry-run everything else.
+    accepted = _dry_run(tools, namespace, [d for d in docs if d["kind"] not in MONITORING_KINDS])
+    for doc in docs:
+        if doc["kind"] not in MONITORING_KINDS:
+            assert f"{doc['metadata']['name']} created (server dry run)" in accepted, accepted
+
+
+def test_library_policies_are_accepted_by_the_api_server(
+    tools: Tools, chart_crds: list[str], namespace: str
+) -> None:
+    for path in sorted(POLICIES.glob("*.yaml")):
+        out = tools.kubectl_run("apply", "--dry-run=server", "-n", namespace, "-f", str(path)).stdout
+        assert f"ratiopolicy.disagg.dev/{path.stem} created (server dry run)" in out, out
+
+
+# ----------------------------------------------------------------------- install and the operator
+
+
+def _sa_kubeconfig(k8s_api: Any, cluster: ClusterInfo, namespace: str, sa: str, dest: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` with a TokenRequest token."""
+    core = client.CoreV1Api(k8s_api)
+    token = core.create_namespaced_service_account_token(
+        sa,
+        namespace,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
+    ).status.token
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {"server": cluster.server, "certificate-authority": str(cluster.ca_cert)},
+            }
+        ],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa, "namespace": namespace}}],
+        "current-context": sa,
+    }
+    dest.write_text(yaml.safe_dump(config))
+    dest.chmod(0o600)
+    return dest
+
+
+def _sa_api(cluster: ClusterInfo, sa_kubeconfig: Path) -> client.ApiClient:
+    from kubernetes import config as k8s_config
+
+    return k8s_config.new_client_from_config(config_file=str(sa_kubeconfig))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class OperatorProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def operator_args(
+    namespaces: Sequence[str], peering: str | None, priority: int, health_port: int
+) -> list[str]:
+    """`disagg run` flags, as the chart's Deployment passes them (templates/_helpers.tpl, disagg.args)."""
+    args = [f"--namespace={ns}" for ns in namespaces]
+    if peering is None:
+        args.append("--standalone")
+    else:
+        args += [
+            f"--peering={peering}",
+            f"--peering-lifetime={PEERING_LIFETIME_S}",
+            f"--peering-priority={priority}",
+        ]
+    args += [f"--liveness-endpoint=http://127.0.0.1:{health_port}/healthz", "--log-level=INFO"]
+    return args
+
+
+@contextlib.contextmanager
+def running_operator(
+    kubeconfig: Path, args: Sequence[str], log: Path, identity: str
+) -> Iterator[OperatorProcess]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(log.parent),
+        "KUBECONFIG": str(kubeconfig),
+        "POD_ID": identity,  # kopf's identity in the peering object, as in the chart's pods
+        "PYTHONUNBUFFERED": "1",
+    }
+    handle = log.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disagg", "run", *args],
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=log.parent,
+    )
+    op = OperatorProcess(proc, log)
+    try:
+        yield op
+    finally:
+        op.stop()
+        handle.close()
+
+
+def example_dd(name: str) -> dict[str, Any]:
+    """A small vLLM + NIXL DisaggregatedDeployment (validated against the model before use)."""
+    obj: dict[str, Any] = {
+        "apiVersion": f"{DD_GROUP}/{DD_VERSION}",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "name": "llama-3.1-8b",
+                "source": {"huggingFace": {"id": "meta-llama/Llama-3.1-8B-Instruct"}},
+            },
+            "engine": {"type": "vllm"},
+            "kvTransfer": {"connector": "nixl"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2},
+        },
+    }
+    DisaggregatedDeployment.model_validate(obj)
+    return obj
+
+
+def _deployment_replicas(apps: client.AppsV1Api, namespace: str, name: str) -> int | None:
+    try:
+        replicas: int = apps.read_namespaced_deployment(name, namespace).spec.replicas
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return replicas
+
+
+def _children_reconciled(apps: client.AppsV1Api, namespace: str, dd: str, decode: int) -> bool:
+    prefill = _deployment_replicas(apps, namespace, f"{dd}-prefill")
+    router = _deployment_replicas(apps, namespace, f"{dd}-router")
+    return (
+        prefill == 1
+        and router is not None
+        and _deployment_replicas(apps, namespace, f"{dd}-decode") == decode
+    )
+
+
+def _helm_install(tools: Tools, tmp_path: Path, release: str, namespace: str, values: dict[str, Any]) -> None:
+    tools.helm_run(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "-f",
+        str(_values_file(tmp_path, values, f"{release}.yaml")),
+    )
+
+
+def _access(api: client.ApiClient, verb: str, resource: str, namespace: str | None, group: str = "") -> bool:
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, namespace=namespace, group=group
+            )
+        )
+    )
+    allowed: bool = client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed
+    return allowed
+
+
+def test_install_then_operator_reconciles_under_the_charts_rbac(
+    tools: Tools,
+    chart_crds: list[str],
+    cluster: ClusterInfo,
+    k8s_api: Any,
+    namespace: str,
+    extra_namespace: str,
+    tmp_path: Path,
+) -> None:
+    # The operator lives in `namespace` and serves only `extra_namespace` (where users deploy models).
+    release = _release()
+    served = extra_namespace
+    _helm_install(
+        tools, tmp_path, release, namespace, {"watch": {"scope": "namespaces", "namespaces": [served]}}
+    )
+    sa_config = _sa_kubeconfig(
+        k8s_api, cluster, namespace, _fullname(release), tmp_path / "operator.kubeconfig"
+    )
+
+    with _sa_api(cluster, sa_config) as sa_api:
+        # What the operator may do where it serves, and what it may not do anywhere.
+        assert _access(sa_api, "create", "deployments", served, "apps")
+        assert _access(sa_api, "patch", "disaggregateddeployments/status", served, DD_GROUP)
+        assert _access(sa_api, "patch", "pods", served)
+        assert _access(sa_api, "create", "roles", served, "rbac.authorization.k8s.io")
+        assert not _access(sa_api, "create", "deployments", namespace, "apps"), "outside its namespaces"
+        assert not _access(sa_api, "get", "secrets", served)
+        assert not _access(sa_api, "list", "secrets", None)
+        assert not _access(sa_api, "delete", "nodes", None)
+        assert not _access(sa_api, "escalate", "roles", served, "rbac.authorization.k8s.io")
+        assert not _access(sa_api, "bind", "roles", served, "rbac.authorization.k8s.io")
+        assert not _access(sa_api, "delete", "pods", served)
+        # ... and the API server really refuses it.
+        core = client.CoreV1Api(sa_api)
+        for call in (
+            lambda: core.list_namespaced_secret("default"),
+            lambda: core.list_namespaced_secret(served),
+            lambda: core.delete_node("does-not-matter"),
+        ):
+            with pytest.raises(ApiException) as denied:
+                call()
+            assert denied.value.status == 403
+
+    args = operator_args([served], _fullname(release), priority=1, health_port=_free_port())
+    with running_operator(sa_config, args, tmp_path / "operator.log", "op-solo") as op:
+        custom = client.CustomObjectsApi(k8s_api)
+        custom.create_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, example_dd("demo"))
+        apps = client.AppsV1Api(k8s_api)
+        wait_for(
+            lambda: _children_reconciled(apps, served, "demo", decode=2),
+            timeout_s=RECONCILE_TIMEOUT_S,
+            what=f"children of demo reconciled by the operator under RBAC; log:\n{op.text()[-3000:]}",
+        )
+        custom.patch_namespaced_custom_object(
+            DD_GROUP, DD_VERSION, served, DD_PLURAL, "demo", {"spec": {"decode": {"replicas": 3}}}
+        )
+        wait_for(
+            lambda: _children_reconciled(apps, served, "demo", decode=3),
+            timeout_s=RECONCILE_TIMEOUT_S,
+            what=f"decode scaled to 3 by the operator; log:\n{op.text()[-3000:]}",
+        )
+        router_sa = client.CoreV1Api(k8s_api).read_namespaced_service_account("demo-router", served)
+        assert router_sa.metadata.owner_references[0].kind == "DisaggregatedDeployment"
+        dd = custom.get_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, "demo")
+        assert dd.get("status", {}).get("conditions"), f"no status written under RBAC: {dd.get('status')}"
+        assert op.proc.poll() is None, op.text()[-3000:]
+        assert "403" not in op.text() and "Forbidden" not in op.text(), op.text()[-3000:]
+
+
+def _labelled(k8s_api: Any, release: str, namespaces: Sequence[str]) -> list[str]:
+    """Every object of the kinds the chart creates that carries this release's instance label."""
+    selector = f"app.kubernetes.io/instance={release}"
+    core, apps, rbac = (
+        client.CoreV1Api(k8s_api),
+        client.AppsV1Api(k8s_api),
+        client.RbacAuthorizationV1Api(k8s_api),
+    )
+    policy, custom = client.PolicyV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    found: list[str] = []
+    found += [f"ClusterRole/{o.metadata.name}" for o in rbac.list_cluster_role(label_selector=selector).items]
+    found += [
+        f"ClusterRoleBinding/{o.metadata.name}"
+        for o in rbac.list_cluster_role_binding(label_selector=selector).items
+    ]
+    found += [
+        f"ClusterKopfPeering/{o['metadata']['name']}"
+        for o in custom.list_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", label_selector=selector
+        )["items"]
+    ]
+    for ns in namespaces:
+        listings = {
+            "Deployment": apps.list_namespaced_deployment(ns, label_selector=selector).items,
+            "ServiceAccount": core.list_namespaced_service_account(ns, label_selector=selector).items,
+            "Service": core.list_namespaced_service(ns, label_selector=selector).items,
+            "ConfigMap": core.list_namespaced_config_map(ns, label_selector=selector).items,
+            "Role": rbac.list_namespaced_role(ns, label_selector=selector).items,
+            "RoleBinding": rbac.list_namespaced_role_binding(ns, label_selector=selector).items,
+            "PodDisruptionBudget": policy.list_namespaced_pod_disruption_budget(
+                ns, label_selector=selector
+            ).items,
+        }
+        for kind, items in listings.items():
+            found += [f"{kind}/{ns}/{o.metadata.name}" for o in items]
+        found += [
+            f"KopfPeering/{ns}/{o['metadata']['name']}"
+            for o in custom.list_namespaced_custom_object(
+                "kopf.dev", "v1", ns, "kopfpeerings", label_selector=selector
+            )["items"]
+        ]
+    return sorted(found)
+
+
+def test_upgrade_and_uninstall_leave_no_orphans(
+    tools: Tools, chart_crds: list[str], k8s_api: Any, namespace: str, extra_namespace: str, tmp_path: Path
+) -> None:
+    release = _release()
+    both = {"watch": {"scope": "namespaces", "namespaces": [namespace, extra_namespace]}}
+    _helm_install(tools, tmp_path, release, namespace, both)
+    installed = _labelled(k8s_api, release, [namespace, extra_namespace])
+    assert f"Role/{extra_namespace}/{_fullname(release)}" in installed
+    assert f"KopfPeering/{extra_namespace}/{_fullname(release)}" in installed
+    assert f"ConfigMap/{namespace}/{_fullname(release)}-dashboard" in installed
+
+    # Narrow the watched namespaces and drop the dashboard: what is no longer rendered must go.
+    narrower = {
+        "watch": {"scope": "namespaces", "namespaces": [namespace]},
+        "monitoring": {"dashboard": {"enabled": False}},
+    }
+    tools.helm_run(
+        "upgrade",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "-f",
+        str(_values_file(tmp_path, narrower, "up.yaml")),
+    )
+    upgraded = _labelled(k8s_api, release, [namespace, extra_namespace])
+    assert not [o for o in upgraded if f"/{extra_namespace}/" in o], upgraded
+    assert f"ConfigMap/{namespace}/{_fullname(release)}-dashboard" not in upgraded
+    assert f"Role/{namespace}/{_fullname(release)}" in upgraded
+
+    # Switch to cluster scope: namespaced Roles give way to one ClusterRole with every rule.
+    tools.helm_run("upgrade", release, str(CHART), "-n", namespace, "--set", "watch.scope=cluster")
+    cluster_scoped = _labelled(k8s_api, release, [namespace, extra_namespace])
+    assert not [o for o in cluster_scoped if o.startswith(("Role/", "RoleBinding/", "KopfPeering/"))], (
+        cluster_scoped
+    )
+    assert f"ClusterKopfPeering/{_fullname(release)}" in cluster_scoped
+
+    tools.helm_run("uninstall", release, "-n", namespace, "--wait")
+    assert _labelled(k8s_api, release, [namespace, extra_namespace]) == []
+    # helm keeps CRDs from crds/ on uninstall, as documented.
+    crds = client.ApiextensionsV1Api(k8s_api)
+    for name in chart_crds:
+        crds.read_custom_resource_definition(name)
+
+
+# -------------------------------------------------------------------------------------- peering
+
+
+def _peering_status(k8s_api: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(
+        "kopf.dev", "v1", namespace, "kopfpeerings", name
+    )
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def test_two_operators_only_one_acts_and_the_standby_takes_over(
+    tools: Tools,
+    chart_crds: list[str],
+    cluster: ClusterInfo,
+    k8s_api: Any,
+    namespace: str,
+    extra_namespace: str,
+    tmp_path: Path,
+) -> None:
+    release = _release()
+    served = extra_namespace
+    _helm_install(
+        tools,
+        tmp_path,
+        release,
+        namespace,
+        {
+            "watch": {"scope": "namespaces", "namespaces": [served]},
+            "peering": {"lifetime": PEERING_LIFETIME_S},
+        },
+    )
+    peering = _fullname(release)
+    sa_config = _sa_kubeconfig(k8s_api, cluster, namespace, peering, tmp_path / "operator.kubeconfig")
+    custom, apps = client.CustomObjectsApi(k8s_api), client.AppsV1Api(k8s_api)
+
+    leader_args = operator_args([served], peering, priority=200, health_port=_free_port())
+    standby_args = operator_args([served], peering, priority=100, health_port=_free_port())
+    with (
+        running_operator(sa_config, leader_args, tmp_path / "leader.log", "op-leader") as leader,
+        running_operator(sa_config, standby_args, tmp_path / "standby.log", "op-standby") as standby,
+    ):
+        # Both keep-alives are in the chart's KopfPeering, and the lower-priority one pauses.
+        wait_for(
+            lambda: {"op-leader", "op-standby"} <= set(_peering_status(k8s_api, served, peering)),
+            timeout_s=60,
+            what=f"both operators in KopfPeering {served}/{peering}",
+        )
+        wait_for(
+            lambda: "Pausing operations in favour of" in standby.text(),
+            timeout_s=60,
+            what=f"the standby pausing; log:\n{standby.text()[-2000:]}",
+        )
+        status = _peering_status(k8s_api, served, peering)
+        assert status["op-leader"]["priority"] > status["op-standby"]["priority"]
+
+        custom.create_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, example_dd("ha"))
+        wait_for(
+            lambda: _children_reconciled(apps, served, "ha", decode=2),
+            timeout_s=RECONCILE_TIMEOUT_S,
+            what=f"children of ha reconciled by the leader; log:\n{leader.text()[-3000:]}",
+        )
+        assert "ha" in leader.text(), "the leader handled the DisaggregatedDeployment"
+        assert "/ha]" not in standby.text() and "'ha'" not in standby.text(), "the paused standby acted"
+
+        # The leader dies without saying goodbye (as on a node loss): the standby resumes once its
+        # keep-alive expires, and handles the next change.
+        leader.stop(signal.SIGKILL)
+        wait_for(
+            lambda: "Resuming operations after the pause" in standby.text(),
+            timeout_s=PEERING_LIFETIME_S + 30,
+            what=f"the standby taking over within the peering lifetime; log:\n{standby.text()[-2000:]}",
+        )
+        custom.patch_namespaced_custom_object(
+            DD_GROUP, DD_VERSION, served, DD_PLURAL, "ha", {"spec": {"decode": {"replicas": 3}}}
+        )
+        wait_for(
+            lambda: _children_reconciled(apps, served, "ha", decode=3),
+            timeout_s=RECONCILE_TIMEOUT_S,
+            what=f"decode scaled to 3 by the former standby; log:\n{standby.text()[-3000:]}",
+        )
