@@ -180,7 +180,8 @@ def object_schema(model: type[BaseModel]) -> dict[str, Any]:
     for key in ("apiVersion", "kind"):
         if key in props:
             props[key] = {"type": "string", "description": props[key].get("description", key)}
-    props["metadata"] = {"type": "object", "description": "Standard object metadata."}
+    # The API server allows nothing but the type here (it owns metadata's schema).
+    props["metadata"] = {"type": "object"}
     schema["required"] = [
         r for r in schema.get("required", []) if r not in ("apiVersion", "kind", "metadata")
     ]

@@ -395,7 +395,7 @@ class RouterSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _rule(
-                    f"!(self.port in {list(ROUTER_POD_PORTS)})",
+                    f"!has(self.port) || !(self.port in {list(ROUTER_POD_PORTS)})",
                     "spec.router.port must not be a port the router pod already uses "
                     f"({', '.join(map(str, ROUTER_POD_PORTS))})",
                     ".port",
@@ -716,13 +716,11 @@ class DisaggregatedDeployment(ApiModel):
                     f"self.metadata.name.size() <= {MAX_DD_NAME_LENGTH}",
                     f"metadata.name must be at most {MAX_DD_NAME_LENGTH} characters (child names append "
                     "-prefill-headless and must fit in 63)",
-                    ".metadata.name",
                 ),
                 _rule(
                     f"self.metadata.name.matches('{DNS1035_LABEL}')",
                     "metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting "
                     "with a letter) because Services are named after it",
-                    ".metadata.name",
                 ),
             ]
         }
