@@ -32,6 +32,7 @@ class SloSettings:
     itl_s: float = 0.05
     percentile: float = 0.9
     interval_s: float = 30.0
+    window_s: float = 30.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +113,7 @@ def slo_settings(args: argparse.Namespace, policy: Any) -> SloSettings:
             itl_s=float(slo.itl.target_seconds),
             percentile=float(slo.ttft.percentile) / 100.0,
             interval_s=float(policy.spec.evaluation_interval_seconds),
+            window_s=float(policy.spec.metric_window_seconds),
         )
     if args.ttft_slo is not None:
         s = replace(s, ttft_s=args.ttft_slo)
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             interval_s=slo.interval_s,
             seed=args.seed,
             percentile=slo.percentile,
+            window_s=slo.window_s,
             progress=None if args.quiet else _progress(label),
         )
         if not args.quiet:

@@ -252,6 +252,11 @@ class LogHistogram:
     def mean(self) -> float | None:
         return self.sum / self.total if self.total > 0 else None
 
+    def merge(self, other: LogHistogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+        self.sum += other.sum
+
 
 @dataclass
 class Window:
@@ -267,6 +272,23 @@ class Window:
     prefill_time: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+
+    @staticmethod
+    def merged(windows: Sequence[Window]) -> Window:
+        """One window covering consecutive windows (the policy's metric window spans several intervals)."""
+        out = Window(windows[0].start)
+        for w in windows:
+            out.ttft.merge(w.ttft)
+            out.itl.merge(w.itl)
+            out.arrivals += w.arrivals
+            out.prompt_lens.extend(w.prompt_lens)
+            out.output_lens.extend(w.output_lens)
+            for role, values in w.queue_time.items():
+                out.queue_time[role].extend(values)
+            out.prefill_time.extend(w.prefill_time)
+            out.prompt_tokens += w.prompt_tokens
+            out.generated_tokens += w.generated_tokens
+        return out
 
 
 # --- replicas and pools --------------------------------------------------------------------------------
@@ -366,6 +388,7 @@ class Simulator:
         max_time_s: float | None = None,
         progress: Callable[[float, int, int], None] | None = None,
         closed_loop: ClosedLoop | None = None,
+        window_s: float | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
@@ -408,6 +431,8 @@ class Simulator:
         self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
         self._gpu_t = 0.0
         self.window = Window(0.0)
+        keep = max(1, round((window_s or interval_s) / interval_s))
+        self.past_windows: deque[Window] = deque(maxlen=keep - 1) if keep > 1 else deque(maxlen=0)
         self.ttft_hist = LogHistogram()
         self.itl_hist = LogHistogram()
         self.timeline: list[dict[str, float | None]] = []
@@ -588,6 +613,8 @@ class Simulator:
                 for role, n in target.items():
                     if role in self.pools and n != self.pools[role].target:
                         self.scale(role, n)
+        if self.past_windows.maxlen:
+            self.past_windows.append(self.window)
         self.window = Window(self.now)
         self._log_replicas()
 
@@ -606,7 +633,8 @@ class Simulator:
 
     # --- observation -------------------------------------------------------------------------------
     def observation(self) -> Observation:
-        w = self.window
+        """The last metric window (``window_s``, whole intervals) as the policy's Observation."""
+        w = Window.merged([*self.past_windows, self.window]) if self.past_windows else self.window
         span = max(self.now - w.start, 1e-9)
         q = self.percentile
 
@@ -746,8 +774,18 @@ def simulate(
     max_time_s: float | None = None,
     progress: Callable[[float, int, int], None] | None = None,
     closed_loop: ClosedLoop | None = None,
+    window_s: float | None = None,
 ) -> SimResult:
     """Replay ``requests`` (plus a closed-loop load, if given) through ``deployment``; see the module doc."""
     return Simulator(
-        deployment, requests, controller, interval_s, seed, percentile, max_time_s, progress, closed_loop
+        deployment,
+        requests,
+        controller,
+        interval_s,
+        seed,
+        percentile,
+        max_time_s,
+        progress,
+        closed_loop,
+        window_s,
     ).run()
