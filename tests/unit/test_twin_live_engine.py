@@ -24,13 +24,12 @@ MODEL = load_latency_model("llama-3.1-8b", "h100", 1)
 FAST = EngineSettings(time_scale=0.02)
 
 
-def _engine(settings: EngineSettings = FAST, capacity: int = 0) -> LiveEngine:
+def _engine(settings: EngineSettings = FAST) -> LiveEngine:
     return LiveEngine(
         MODEL,
         VllmMetrics("m", settings.max_model_len),
         settings,
         engine_id="pod-0",
-        kv_capacity_tokens=capacity or MODEL.kv_capacity_tokens,
         side_channel=("127.0.0.1", 8000),
     )
 
@@ -61,13 +60,13 @@ def test_requests_get_their_tokens_and_timings_follow_the_latency_model() -> Non
     assert long.ttft_s is not None and long.ttft_s >= MODEL.prefill_time_s([2048, 128])
     assert len(long.itls_s) == 7
     assert min(long.itls_s) >= MODEL.decode_step_time_s(1, 2049)
-    assert engine.used_blocks == 0
+    assert engine.core.kv_used == 0 and engine.core.idle
 
 
 def test_kv_capacity_queues_requests_until_blocks_free() -> None:
     async def scenario() -> LiveEngine:
-        # 8 blocks of 16 tokens: one 100-token request (7 blocks + growth) at a time.
-        engine = _engine(capacity=128)
+        # KV for 128 tokens: one 100-token request (and its growth) at a time.
+        engine = _engine(EngineSettings(time_scale=0.02, kv_capacity_tokens=128))
         engine.start()
         first = engine.submit(100, 4)
         second = engine.submit(100, 4)

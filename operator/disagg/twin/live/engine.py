@@ -1,18 +1,17 @@
-"""A real-time emulated engine: continuous batching paced by the latency model, one per simulated pod.
+"""A real-time emulated engine, one per simulated pod: the twin's engine core, paced by the wall clock.
 
-The scheduler follows vLLM v1's shape: every step first gives each running request that has its
-context in KV one decode token, then fills the rest of the ``max_num_batched_tokens`` budget with
-prefill chunks (chunked prefill), admitting waiting requests while ``max_num_seqs`` and the KV blocks
-allow; when a growing decode no longer fits in KV the newest request is preempted and recomputed
-later. The step takes the latency model's time for that batch, slept on the wall clock scaled by
-``time_scale`` (0.1 runs ten times faster than a GPU would). All timings the engine reports (metrics,
-records) are in engine seconds, i.e. wall seconds divided by ``time_scale``.
+Scheduling is ``disagg.twin.engine.EngineCore`` (the same vLLM-V1-shaped continuous batching the offline
+simulator runs: decode tokens first, then chunked prefill within ``max_num_batched_tokens``, admission by
+``max_num_seqs`` and KV capacity, recompute preemption), planned one step at a time. Each step sleeps its
+modelled duration on the wall clock scaled by ``time_scale`` (0.1 runs ten times faster than a GPU would),
+then every request in it streams the tokens the core says it produced. All timings the engine reports
+(metrics, records) are measured on that clock in engine seconds, i.e. wall seconds / ``time_scale``.
 
 A request carrying vLLM's NIXL ``kv_transfer_params`` with ``do_remote_prefill`` skips its prefill: it
-holds its KV blocks while it waits for the transfer (``kv_transfer_time_s`` of the latency model,
-counted as waiting, like vLLM's WAITING_FOR_REMOTE_KVS) and then decodes. A request with
-``do_remote_decode`` ends after its prefill token and answers with the ``kv_transfer_params`` a decode
-engine needs. Token text is synthetic: deterministic words, not a language model's output.
+waits for the transfer (the latency model's ``kv_transfer_time_s``, counted as waiting like vLLM's
+WAITING_FOR_REMOTE_KVS) and then joins the decode batch. A request with ``do_remote_decode`` ends after
+its prefill token and answers with the ``kv_transfer_params`` a decode engine needs. Token text is
+synthetic: deterministic words, not a language model's output.
 """
 
 from __future__ import annotations
@@ -20,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineCore, SimRequest
+from disagg.twin.engine import EngineSettings as CoreSettings
+from disagg.twin.latency import LatencyModel
 from disagg.twin.live.exposition import EngineGauges, EngineMetrics, FinishedRequest
-from disagg.twin.live.latency import StepLatency
 
 Role = Literal["prefill", "decode", "colocated"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
@@ -50,11 +50,10 @@ def synthetic_token(request_id: str, index: int) -> str:
 class EngineSettings:
     """Scheduler limits and pacing of one emulated engine."""
 
-    # vLLM v1 defaults for the OpenAI server on GPUs with >= 70 GiB that are not A100 (H100 class):
-    # max_num_batched_tokens 8192, max_num_seqs 1024 (vllm/engine/arg_utils.py, get_batch_defaults).
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16  # vLLM's default --block-size for CUDA
+    # the offline simulator's defaults (vLLM's, see disagg.twin.engine), so live and offline agree
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    block_size: int = 16  # vLLM's default --block-size for CUDA (names the NIXL block ids)
     max_model_len: int = 131072  # Llama-3.1 context length (config.json max_position_embeddings)
     kv_capacity_tokens: int = 0  # 0: take the latency model's capacity
     time_scale: float = 1.0  # wall seconds per engine second
@@ -119,19 +118,17 @@ class RequestRecord:
 
 @dataclass(eq=False)
 class LiveRequest:
+    """A request in flight: the core's SimRequest plus what the HTTP side needs to stream it."""
+
     request_id: str
-    prompt_tokens: int
+    core: SimRequest
     max_tokens: int
     arrival: float
     remote_prefill: RemotePrefill | None
     do_remote_decode: bool
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
-    context_target: int = 0  # tokens that must be in KV before it decodes (prompt, or more after preemption)
-    computed: int = 0
-    generated: int = 0
-    blocks: int = 0
+    emitted: int = 0
     block_ids: tuple[int, ...] = ()
-    kv_ready: bool = True
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -139,13 +136,12 @@ class LiveRequest:
     finish_reason: str | None = None
 
     @property
-    def context(self) -> int:
-        """Tokens in KV once the request has its context: the prompt plus what it generated."""
-        return self.prompt_tokens + self.generated
+    def prompt_tokens(self) -> int:
+        return self.core.prompt
 
     @property
-    def prefill_done(self) -> bool:
-        return self.computed >= self.context_target
+    def generated(self) -> int:
+        return self.emitted
 
 
 def parse_kv_transfer_params(params: Any) -> tuple[bool, RemotePrefill | None]:
@@ -185,22 +181,18 @@ class LiveEngine:
 
     def __init__(
         self,
-        latency: StepLatency,
+        latency: LatencyModel,
         metrics: EngineMetrics,
         settings: EngineSettings,
         *,
         engine_id: str,
         role: Role = "colocated",
-        kv_capacity_tokens: int,
         tp_size: int = 1,
         side_channel: tuple[str, int] = ("127.0.0.1", 0),
         record_limit: int = 100_000,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        capacity = settings.kv_capacity_tokens or kv_capacity_tokens
-        if capacity < settings.block_size:
-            raise ValueError(f"kv_capacity_tokens must hold at least one block, got {capacity}")
         self.latency = latency
         self.metrics = metrics
         self.settings = settings
@@ -208,15 +200,27 @@ class LiveEngine:
         self.role = role
         self.tp_size = tp_size
         self.side_channel = side_channel
-        self.total_blocks = capacity // settings.block_size
-        self.used_blocks = 0
+        # Every pod runs the core's colocated scheduler: a prefill pod's P/D requests ask for one token and
+        # so end with their prompt; a decode pod's P/D requests arrive with their KV (see _admit_core) and
+        # a plain request sent to either is served whole, as vLLM's kv_both engines do.
+        self.core = EngineCore(
+            latency,
+            CoreSettings(
+                role="colocated",
+                max_num_seqs=settings.max_num_seqs,
+                max_num_batched_tokens=settings.max_num_batched_tokens,
+                kv_capacity_tokens=settings.kv_capacity_tokens or None,
+                max_jump_steps=1,  # one step per token: every token is streamed when it is produced
+            ),
+        )
         self.accepting = False
         self.records: deque[RequestRecord] = deque(maxlen=record_limit)
-        self._waiting: deque[LiveRequest] = deque()
-        self._running: list[LiveRequest] = []
+        self._live: dict[int, LiveRequest] = {}  # core rid -> request, everything not finished
+        self._transferring = 0
         self._transfers: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
         self._block_ids = itertools.count()
+        self._preemptions = 0
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = time.monotonic()
@@ -234,7 +238,7 @@ class LiveEngine:
 
     @property
     def in_flight(self) -> int:
-        return len(self._waiting) + len(self._running)
+        return len(self._live)
 
     async def drain(self, timeout_s: float | None = None) -> int:
         """Stop taking requests, let in-flight ones finish (engine seconds), abort the rest.
@@ -251,12 +255,6 @@ class LiveEngine:
     async def stop(self) -> int:
         """Abort everything still queued or running and end the loop; returns how many were aborted."""
         self.accepting = False
-        aborted = 0
-        for request in [*self._waiting, *self._running]:
-            self._finish(request, "abort", self.now())
-            aborted += 1
-        self._waiting.clear()
-        self._running.clear()
         for task in list(self._transfers):
             task.cancel()
         if self._task is not None:
@@ -264,7 +262,11 @@ class LiveEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        return aborted
+        aborted = list(self._live.values())
+        self.core.drain_all()
+        for request in aborted:
+            self._finish(request, "abort", self.now())
+        return len(aborted)
 
     # requests --------------------------------------------------------------------------------------
     def submit(
@@ -287,32 +289,36 @@ class LiveEngine:
                 f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len "
                 f"{self.settings.max_model_len}",
             )
+        if prompt_tokens + max_tokens > self.core.kv_capacity:
+            raise RequestError(
+                "max_tokens",
+                f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds the engine's KV capacity "
+                f"{self.core.kv_capacity} tokens",
+            )
         remote_decode, remote = parse_kv_transfer_params(kv_transfer_params)
-        rid = request_id or f"{self.engine_id}-{next(self._ids)}"
+        rid = next(self._ids)
+        now = self.now()
+        wanted = 1 if remote_decode else max_tokens
         request = LiveRequest(
-            request_id=rid,
-            prompt_tokens=prompt_tokens,
-            max_tokens=1 if remote_decode else max_tokens,
-            arrival=self.now(),
+            request_id=request_id or f"{self.engine_id}-{rid}",
+            core=SimRequest(rid, now, prompt_tokens, wanted),
+            max_tokens=wanted,
+            arrival=now,
             remote_prefill=remote,
             do_remote_decode=remote_decode,
-            context_target=prompt_tokens,
         )
-        if remote is not None:
-            request.kv_ready = False
-        self._waiting.append(request)
-        self._work.set()
+        self._live[rid] = request
+        if remote is None:
+            self.core.admit(request.core, now)
+            self._work.set()
+        else:
+            self._start_transfer(request)
         return request
 
     def abort(self, request: LiveRequest) -> None:
-        """End a request early (its client went away)."""
-        if request.finish_reason is not None:
-            return
-        if request in self._waiting:
-            self._waiting.remove(request)
-        if request in self._running:
-            self._running.remove(request)
-        self._finish(request, "abort", self.now())
+        """End a request early (its client went away): it finishes as aborted; the core's step ends it."""
+        if request.finish_reason is None:
+            self._finish(request, "abort", self.now())
 
     async def stream(self, request: LiveRequest) -> AsyncIterator[TokenEvent]:
         """The request's tokens as they are produced, ending with the event that has finish_reason."""
@@ -322,151 +328,85 @@ class LiveEngine:
             if event.finish_reason is not None:
                 return
 
-    # scheduler -------------------------------------------------------------------------------------
-    def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.settings.block_size)
-
-    def _admit(self, budget: int) -> list[LiveRequest]:
-        """Move waiting requests into the running set while seats, KV blocks and the token budget allow.
-
-        A remote-prefill request gets its KV blocks first and waits, off the running set, until its
-        transfer lands (vLLM's WAITING_FOR_REMOTE_KVS); others keep their first-come order.
-        """
-        admitted: list[LiveRequest] = []
-        for request in list(self._waiting):
-            if len(self._running) >= self.settings.max_num_seqs:
-                break
-            if request.remote_prefill is not None and not request.kv_ready:
-                if not request.blocks:
-                    need = self._blocks_for(request.prompt_tokens + 1)
-                    if self.used_blocks + need > self.total_blocks:
-                        break
-                    self._allocate(request, need)
-                    self._start_transfer(request)
-                continue
-            if request.remote_prefill is None and budget <= 0:
-                break
-            need = self._blocks_for(request.context_target + 1) - request.blocks
-            if self.used_blocks + need > self.total_blocks:
-                break
-            self._allocate(request, need)
-            self._waiting.remove(request)
-            if request.scheduled_at is None:
-                request.scheduled_at = self.now()
-            if request.remote_prefill is not None:
-                request.computed = request.context_target  # the KV came over the wire
-            else:
-                budget -= request.context_target - request.computed
-            self._running.append(request)
-            admitted.append(request)
-        return admitted
-
-    def _allocate(self, request: LiveRequest, blocks: int) -> None:
-        self.used_blocks += blocks
-        request.blocks += blocks
-        request.block_ids = request.block_ids + tuple(next(self._block_ids) for _ in range(blocks))
-
-    def _free(self, request: LiveRequest) -> None:
-        self.used_blocks -= request.blocks
-        request.blocks = 0
-
+    # transfers -------------------------------------------------------------------------------------
     def _start_transfer(self, request: LiveRequest) -> None:
-        assert request.remote_prefill is not None
         seconds = self.latency.kv_transfer_time_s(request.prompt_tokens, self.settings.kv_link)
+        self._transferring += 1
 
         async def transfer() -> None:
-            await asyncio.sleep(seconds * self.settings.time_scale)
-            request.kv_ready = True
-            self._work.set()
+            try:
+                await asyncio.sleep(seconds * self.settings.time_scale)
+            finally:
+                self._transferring -= 1
+            if request.finish_reason is None:
+                self._admit_core(request)
 
         task = asyncio.get_running_loop().create_task(transfer())
         self._transfers.add(task)
         task.add_done_callback(self._transfers.discard)
 
-    def _preempt_for_growth(self) -> int:
-        """Grow running decodes by a block where needed; preempt the newest when KV runs out."""
-        preempted = 0
-        for request in list(self._running):
-            if request not in self._running or not request.prefill_done:
-                continue
-            need = self._blocks_for(request.context + 1) - request.blocks
-            while need > 0 and self.used_blocks + need > self.total_blocks and len(self._running) > 1:
-                victim = self._running.pop()
-                self._free(victim)
-                victim.computed = 0
-                victim.context_target = victim.context
-                self._waiting.appendleft(victim)
-                preempted += 1
-                if victim is request:
-                    need = 0
-            if need > 0 and request in self._running and self.used_blocks + need <= self.total_blocks:
-                self._allocate(request, need)
-        return preempted
+    def _admit_core(self, request: LiveRequest) -> None:
+        """Hand a request whose prompt KV has arrived to the core, as already computed.
 
-    def _plan_step(self) -> tuple[list[LiveRequest], list[tuple[LiveRequest, int]]]:
-        """(decodes, prefill chunks) of the next step."""
-        preempted = self._preempt_for_growth()
-        if preempted:
-            self.metrics.record_preemptions(preempted)
-        decodes = [r for r in self._running if r.prefill_done]
-        budget = self.settings.max_num_batched_tokens - len(decodes)
-        chunks: list[tuple[LiveRequest, int]] = []
-        pending = [r for r in self._running if not r.prefill_done]
-        for request in [*pending, *self._admit(budget - sum(r.context_target - r.computed for r in pending))]:
-            if request.prefill_done:
-                decodes.append(request)
-            elif budget > 0:
-                chunk = min(request.context_target - request.computed, budget)
-                chunks.append((request, chunk))
-                budget -= chunk
-        return decodes, chunks
+        The core's scheduler starts a queued request whose prompt is fully computed as a decode (the path
+        its decode replicas use); its outstanding-work counter, used only for routing offline, is kept
+        consistent by taking back the prompt it counted on admission.
+        """
+        self.core.admit(request.core, self.now())
+        request.core.computed = request.core.prompt
+        self.core.outstanding_tokens -= request.core.prompt
+        self._work.set()
 
-    def _step_time(self, decodes: list[LiveRequest], chunks: list[tuple[LiveRequest, int]]) -> float:
-        prefill_tokens = sum(c for _, c in chunks)
-        context = sum(r.context for r in decodes)
-        if prefill_tokens and decodes:
-            return self.latency.mixed_step_time_s(prefill_tokens, len(decodes), context)
-        if prefill_tokens:
-            return self.latency.prefill_time_s([c for _, c in chunks])
-        return self.latency.decode_step_time_s(len(decodes), context)
-
+    # the step loop ---------------------------------------------------------------------------------
     async def _loop(self) -> None:
         while True:
-            decodes, chunks = self._plan_step()
-            if not decodes and not chunks:
-                self._report_gauges(0)
+            step = self.core.plan_step(self.now())
+            if step is None:
+                self._report_gauges(0.0)
                 self._work.clear()
                 await self._work.wait()
                 continue
+            involved = [self._live[r.rid] for r in self.core.decoding.values() if r.rid in self._live]
+            involved += [self._live[r.rid] for r, _ in step.chunks if r.rid in self._live]
             started = time.monotonic()
-            seconds = self._step_time(decodes, chunks)
-            await asyncio.sleep(max(0.0, started + seconds * self.settings.time_scale - time.monotonic()))
-            self._complete_step(decodes, chunks, seconds)
+            for request in involved:
+                if request.scheduled_at is None:
+                    request.scheduled_at = self.now()
+            await asyncio.sleep(
+                max(0.0, started + step.duration * self.settings.time_scale - time.monotonic())
+            )
+            events = self.core.complete_step(step)
+            self._after_step(involved, events.finished, events.prefill_tokens, step.duration)
 
-    def _complete_step(
-        self, decodes: list[LiveRequest], chunks: list[tuple[LiveRequest, int]], seconds: float
+    def _after_step(
+        self, involved: list[LiveRequest], finished: list[SimRequest], prefill_tokens: int, seconds: float
     ) -> None:
         now = self.now()
         generated = 0
-        prompt_tokens = 0
-        for request, chunk in chunks:
-            request.computed += chunk
-            if request.generated == 0:
-                prompt_tokens += chunk
-            if request.prefill_done:
+        for request in involved:
+            if request.finish_reason is not None:
+                continue
+            target = self.core.generated_of(request.core)
+            while request.emitted < target:
                 self._emit(request, now)
                 generated += 1
-        for request in decodes:
-            self._emit(request, now)
-            generated += 1
-        self.metrics.record_step_tokens(prompt_tokens, generated)
-        for request in [r for r in self._running if r.finish_reason is not None]:
-            self._running.remove(request)
+        for sim in finished:
+            done = self._live.get(sim.rid)
+            if done is not None:
+                while done.emitted < sim.output:
+                    self._emit(done, now)
+                    generated += 1
+                self._finish(done, "length", now)
+        preemptions = sum(r.core.preemptions for r in self._live.values())
+        if preemptions > self._preemptions:
+            self.metrics.record_preemptions(preemptions - self._preemptions)
+        self._preemptions = preemptions
+        self.metrics.record_step_tokens(prefill_tokens, generated)
         self._report_gauges(generated / seconds if seconds > 0 else 0.0)
 
     def _emit(self, request: LiveRequest, now: float) -> None:
-        index = request.generated
-        request.generated += 1
+        index = request.emitted
+        request.emitted += 1
         if request.first_token_at is None:
             request.first_token_at = now
             self.metrics.record_first_token(now - request.arrival)
@@ -476,23 +416,24 @@ class LiveEngine:
             self.metrics.record_inter_token(gap)
         request.last_token_at = now
         request.events.put_nowait(TokenEvent(index, synthetic_token(request.request_id, index)))
-        if request.generated >= request.max_tokens:
-            self._finish(request, "length", now)
 
     def _finish(self, request: LiveRequest, reason: str, now: float) -> None:
         request.finish_reason = reason
-        self._free(request)
-        params = (
-            self._kv_transfer_params(request) if reason == "length" and request.do_remote_decode else None
-        )
-        request.events.put_nowait(TokenEvent(request.generated, "", reason, params))
+        self._live.pop(request.core.rid, None)
+        if reason == "length" and request.do_remote_decode:
+            full_blocks = request.prompt_tokens // self.settings.block_size
+            request.block_ids = tuple(next(self._block_ids) for _ in range(full_blocks))
+            params: dict[str, Any] | None = self._kv_transfer_params(request)
+        else:
+            params = None
+        request.events.put_nowait(TokenEvent(request.emitted, "", reason, params))
         scheduled = request.scheduled_at if request.scheduled_at is not None else now
         first = request.first_token_at if request.first_token_at is not None else now
         last = request.last_token_at if request.last_token_at is not None else now
         self.metrics.record_finished(
             FinishedRequest(
                 prompt_tokens=request.prompt_tokens,
-                generation_tokens=request.generated,
+                generation_tokens=request.emitted,
                 max_tokens=request.max_tokens,
                 finish_reason=reason,
                 e2e_s=last - request.arrival,
@@ -506,7 +447,7 @@ class LiveEngine:
             RequestRecord(
                 request_id=request.request_id,
                 prompt_tokens=request.prompt_tokens,
-                generation_tokens=request.generated,
+                generation_tokens=request.emitted,
                 ttft_s=None if request.first_token_at is None else request.first_token_at - request.arrival,
                 itls_s=tuple(request.itls),
                 e2e_s=last - request.arrival,
@@ -517,11 +458,10 @@ class LiveEngine:
     def _kv_transfer_params(self, request: LiveRequest) -> dict[str, Any]:
         """What vLLM's NixlConnector returns from a prefill with do_remote_decode (request_finished)."""
         host, port = self.side_channel
-        full_blocks = request.prompt_tokens // self.settings.block_size
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(request.block_ids[:full_blocks]),  # full blocks only, as vLLM
+            "remote_block_ids": list(request.block_ids),  # full blocks only, as vLLM
             "remote_engine_id": self.engine_id,
             "remote_request_id": request.request_id,
             "remote_host": host,
@@ -532,10 +472,10 @@ class LiveEngine:
     def _report_gauges(self, throughput: float) -> None:
         self.metrics.record_gauges(
             EngineGauges(
-                running=len(self._running),
-                waiting=len(self._waiting),
-                kv_usage=self.used_blocks / self.total_blocks,
-                kv_used_tokens=self.used_blocks * self.settings.block_size,
+                running=self.core.num_running,
+                waiting=self.core.num_waiting + self._transferring,
+                kv_usage=self.core.kv_usage,
+                kv_used_tokens=self.core.kv_used,
                 generation_throughput=throughput,
             )
         )

@@ -1,29 +1,10 @@
-"""What the live engine needs from the twin's latency model, and how it picks one.
-
-The live engine paces itself with the step times of ``disagg.twin.latency`` (the calibrated model owned
-by the twin core); it only depends on the small protocol below, so the engine and its tests stay
-independent of how the model is calibrated.
-"""
+"""Which calibrated latency model a simulated pod runs, and loading it from the twin core."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-
-class StepLatency(Protocol):
-    """Step times (seconds) of one replica: the subset of ``disagg.twin.latency.LatencyModel`` used here."""
-
-    def prefill_time_s(self, prompt_lens: Sequence[int]) -> float: ...
-
-    def decode_step_time_s(self, batch_size: int, total_context_tokens: int) -> float: ...
-
-    def mixed_step_time_s(
-        self, prefill_tokens: int, decode_batch: int, total_context_tokens: int
-    ) -> float: ...
-
-    def kv_transfer_time_s(self, tokens: int, link: Any) -> float: ...
+from disagg.twin.latency import LatencyModel, load_latency_model
 
 
 @dataclass(frozen=True)
@@ -44,14 +25,6 @@ class LatencyChoice:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
 
 
-def load_step_latency(choice: LatencyChoice) -> Any:
-    """The twin core's calibrated latency model for ``choice`` (raises its error for unknown models)."""
-    from disagg.twin.latency import load_latency_model
-
+def load_step_latency(choice: LatencyChoice) -> LatencyModel:
+    """The twin core's calibrated latency model for ``choice`` (its ValueError names unknown models)."""
     return load_latency_model(choice.model, choice.gpu, choice.tp, choice.dtype)
-
-
-def kv_capacity_tokens(model: Any) -> int:
-    """KV capacity of one replica in tokens, whether the model exposes it as attribute or method."""
-    value = model.kv_capacity_tokens
-    return int(value() if callable(value) else value)

@@ -7,17 +7,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from disagg.twin.latency import LatencyModel
 from disagg.twin.live.engine import EngineSettings, LiveEngine, Role
 from disagg.twin.live.exposition import EngineKind, make_metrics
-from disagg.twin.live.latency import LatencyChoice, kv_capacity_tokens, load_step_latency
+from disagg.twin.live.latency import LatencyChoice, load_step_latency
 from disagg.twin.live.server import EngineServer, PodIdentity, ServerSettings
 
 log = logging.getLogger(__name__)
 
 PodState = Literal["starting", "serving", "draining"]
-LatencyLoader = Callable[[LatencyChoice], Any]
+LatencyLoader = Callable[[LatencyChoice], LatencyModel]
 ReadyHook = Callable[[str, str], Awaitable[None]]  # (pod name, "127.0.0.1:PORT")
 
 
@@ -67,7 +68,7 @@ class PodPool:
         self.settings = settings
         self._load = latency_loader
         self.on_ready = on_ready
-        self._models: dict[LatencyChoice, Any] = {}
+        self._models: dict[LatencyChoice, LatencyModel] = {}
         self.pods: dict[str, TwinPod] = {}
         self._draining: set[asyncio.Task[int]] = set()
 
@@ -91,7 +92,7 @@ class PodPool:
                 self.pods[name] = pod
                 pod.task = asyncio.get_running_loop().create_task(self._start(pod), name=f"start-{name}")
 
-    def _latency(self, choice: LatencyChoice) -> Any:
+    def _latency(self, choice: LatencyChoice) -> LatencyModel:
         if choice not in self._models:
             self._models[choice] = self._load(choice)
         return self._models[choice]
@@ -117,7 +118,6 @@ class PodPool:
             engine_settings,
             engine_id=spec.name,
             role=spec.role,
-            kv_capacity_tokens=kv_capacity_tokens(model),
             tp_size=spec.choice.tp,
         )
         server = EngineServer(
