@@ -95,3 +95,32 @@ def test_engine_type_is_immutable(crds: list[str], k8s_api: Any, namespace: str)
         custom_api(k8s_api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
     assert info.value.status == 422
     assert "spec.engine.type is immutable" in json.loads(info.value.body)["message"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_rendered_children_are_accepted_by_the_api_server(
+    k8s_api: Any, namespace: str, example: Path
+) -> None:
+    """What `disagg render` prints passes the API server's own validation (dry run, strict field checks)."""
+    from kubernetes.client.rest import ApiException
+    from kubernetes.dynamic import DynamicClient
+
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.render import effective_replicas, render_children
+
+    doc = yaml.safe_load(example.read_text())
+    doc["metadata"]["namespace"] = namespace
+    dd = DisaggregatedDeployment.model_validate(doc)
+    dynamic = DynamicClient(k8s_api)
+    children = render_children(dd, effective_replicas(dd))
+    for child in children:
+        resource = dynamic.resources.get(api_version=child["apiVersion"], kind=child["kind"])
+        try:
+            resource.create(
+                body=child,
+                namespace=namespace,
+                query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            )
+        except ApiException as exc:
+            pytest.fail(f"{child['kind']}/{child['metadata']['name']} rejected: {exc.body}")
+    assert {c["kind"] for c in children} >= {"Deployment", "Service", "PodDisruptionBudget", "Role"}
