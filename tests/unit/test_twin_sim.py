@@ -173,3 +173,16 @@ def test_bad_deployment_names_the_field() -> None:
         PoolSpec(1, 3)
     with pytest.raises(ValueError, match=r"^routing"):
         pd_8b(routing="fastest")
+
+
+def test_observation_spans_the_metric_window() -> None:
+    ctl = ScaleAt(1e9, {})
+    reqs = [Request(5.0, 100, 10), Request(44.0, 100, 10)]
+    simulate(pd_8b(), reqs, controller=ctl, interval_s=10.0, window_s=30.0)
+    rates = [(o.time, o.request_rate.value) for o in ctl.seen[:4]]
+    assert rates == [
+        (10.0, pytest.approx(1 / 10)),
+        (20.0, pytest.approx(1 / 20)),
+        (30.0, pytest.approx(1 / 30)),
+        (40.0, 0.0),
+    ]
