@@ -69,3 +69,17 @@ def test_bad_profile_names_the_field(args: tuple[object, ...], field: str) -> No
 def test_aliases_resolve_hugging_face_ids() -> None:
     m = load_latency_model("meta-llama/Llama-3.3-70B-Instruct", "NVIDIA-H100-80GB-HBM3", 2, "fp8")
     assert m.model.name == "llama-3.1-70b" and m.gpu.name == "h100"
+
+
+def test_second_and_third_gpu_types_are_slower_than_h100() -> None:
+    h100 = load_latency_model("llama-3.1-8b", "h100", 1)
+    for other in ("a100", "l40s"):
+        m = load_latency_model("llama-3.1-8b", other, 1)
+        assert m.prefill_time_s([4096]) > h100.prefill_time_s([4096])
+        assert m.decode_step_time_s(32, 32 * 2000) > h100.decode_step_time_s(32, 32 * 2000)
+        assert "DATASHEET RATIO" in m.source or "vidur" in m.source
+    # A100 (80 GB) holds more KV than L40S (48 GB) for the same model.
+    assert (
+        load_latency_model("llama-3.1-8b", "a100", 1).kv_capacity_tokens
+        > load_latency_model("llama-3.1-8b", "l40s", 1).kv_capacity_tokens
+    )

@@ -138,7 +138,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     slo = slo_settings(args, policy)
     runs: list[tuple[str, SimDeployment, Controller | None]] = []
-    ctl = policy_controller(policy.spec, dep) if policy is not None and not args.static else None
+    ctl = None
+    if policy is not None and not args.static:
+        try:
+            ctl = policy_controller(policy.spec, dep)
+        except ImportError as e:  # the policy engine is optional for the twin
+            print(f"disagg simulate: no policy engine ({e}); running static", file=sys.stderr)
     runs.append((f"{dep.name} P/D" + (" +policy" if ctl else ""), dep, ctl))
     if args.compare == "colocated":
         runs.append((f"{dep.name} colocated", dep.colocated_equivalent(), None))
@@ -167,7 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {args.trace.name}")
-        summary = {"trace": str(args.trace), "slo": slo.__dict__, "runs": [r.as_dict() for r in reports]}
+        summary = {
+            "trace": str(args.trace),
+            "slo": slo.__dict__,
+            "runs": [r.as_dict() for r in reports],
+            "replicas": {label: [[t, d] for t, d in res.replicas] for label, res in results},
+            "decisions": {label: [[t, d] for t, d in res.decisions] for label, res in results},
+        }
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         print(f"report: {args.out / 'report.html'}")
     return 0

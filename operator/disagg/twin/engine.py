@@ -187,15 +187,16 @@ class EngineCore:
         return req.generated
 
     # --- protocol ------------------------------------------------------------------------------------
-    def admit(self, req: SimRequest, now: float) -> None:
-        """Queue a request. For a decode replica its prompt's KV is considered transferred."""
+    def admit(self, req: SimRequest, now: float, kv_ready: bool | None = None) -> None:
+        """Queue a request. ``kv_ready``: its prompt's KV was transferred in (default: decode role only)."""
         if req.prompt + req.output > self.kv_capacity:
             raise ValueError(
                 f"request {req.rid}: prompt+output {req.prompt + req.output} tokens exceed the replica's "
                 f"KV capacity {self.kv_capacity}"
             )
         req.engine_arrival = now
-        req.computed = req.prompt if self.settings.role == "decode" else 0
+        ready = self.settings.role == "decode" if kv_ready is None else kv_ready
+        req.computed = req.prompt if ready else 0
         self.waiting.append(req)
         self.outstanding_tokens += self._remaining_work(req)
 
