@@ -151,10 +151,14 @@ def test_vllm_mooncake_bootstrap_on_prefill_only() -> None:
 
 def test_vllm_lmcache_config_files_sender_and_receiver() -> None:
     dd = make("vllm", "lmcache", kvTransfer={"bufferSize": "1Gi"})
-    configmap = build_connector_configmap(dd)
-    assert configmap is not None and configmap["metadata"]["name"] == "llm-lmcache"
-    sender = yaml.safe_load(configmap["data"]["prefill.yaml"])
-    receiver = yaml.safe_load(configmap["data"]["decode.yaml"])
+    sender_map, receiver_map = (
+        build_connector_configmap(dd, "prefill"),
+        build_connector_configmap(dd, "decode"),
+    )
+    assert sender_map is not None and sender_map["metadata"]["name"] == "llm-prefill-lmcache"
+    assert receiver_map is not None and receiver_map["metadata"]["labels"]["disagg.dev/role"] == "decode"
+    sender = yaml.safe_load(sender_map["data"]["lmcache.yaml"])
+    receiver = yaml.safe_load(receiver_map["data"]["lmcache.yaml"])
     assert sender["enable_pd"] and sender["pd_role"] == "sender"
     assert (sender["pd_proxy_host"], sender["pd_proxy_port"]) == ("llm-router", 7500)
     assert receiver["pd_role"] == "receiver" and receiver["pd_buffer_size"] == 2**30
@@ -162,13 +166,13 @@ def test_vllm_lmcache_config_files_sender_and_receiver() -> None:
     assert receiver["pd_peer_alloc_port"] == [7400, 7401, 7402, 7403]
     children = children_by_kind_name(dd)
     decode = engine(children[("Deployment", "llm-decode")])
-    assert env(decode)["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/decode.yaml"
+    assert env(decode)["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/lmcache.yaml"
     assert env(decode)["LMCACHE_PD_PEER_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert {"lmc-init-3", "lmc-alloc-3"} <= set(ports(decode))
     volumes = {
         v["name"]: v for v in children[("Deployment", "llm-decode")]["spec"]["template"]["spec"]["volumes"]
     }
-    assert volumes["lmcache-config"]["configMap"]["name"] == "llm-lmcache"
+    assert volumes["lmcache-config"]["configMap"]["name"] == "llm-decode-lmcache"
     router_ports = {p["name"]: p["port"] for p in children[("Service", "llm-router")]["spec"]["ports"]}
     assert router_ports["lmc-proxy"] == 7500
 
@@ -181,7 +185,7 @@ def test_vllm_p2p_nccl_points_at_the_router_proxy() -> None:
         extra = config["kv_connector_extra_config"]
         assert (extra["proxy_ip"], extra["proxy_port"], extra["http_port"]) == ("llm-router", "30001", "8000")
     assert kv_config(dd, "decode")["kv_buffer_size"] == float(8 * 2**30)
-    assert build_connector_configmap(dd) is None
+    assert build_connector_configmap(dd, "prefill") is None
 
 
 def test_vllm_extra_config_is_merged() -> None:
@@ -334,8 +338,7 @@ def test_every_child_carries_the_contract_labels_and_no_owner_references() -> No
         assert labels["app.kubernetes.io/instance"] == "llm" and labels["disagg.dev/deployment"] == "llm"
         assert "ownerReferences" not in child["metadata"]
         assert child["metadata"]["namespace"] == "serving"
-        if child["kind"] != "ConfigMap":
-            assert set(labels) >= CONTRACT_LABEL_KEYS, child["metadata"]["name"]
+        assert set(labels) >= CONTRACT_LABEL_KEYS, child["metadata"]["name"]
         if child["kind"] == "Deployment":
             pod_labels = child["spec"]["template"]["metadata"]["labels"]
             assert set(pod_labels) >= CONTRACT_LABEL_KEYS

@@ -59,9 +59,10 @@ def render_children(
     """
     counts = dict(replicas or {})
     children: list[dict[str, Any]] = []
-    configmap = build_connector_configmap(dd, settings)
-    if configmap is not None:
-        children.append(configmap)
+    for role in ROLE_NAMES:
+        configmap = build_connector_configmap(dd, role, settings)
+        if configmap is not None:
+            children.append(configmap)
     children += build_router_rbac(dd)
     for role in ROLE_NAMES:
         children.append(build_role_service(dd, role, headless=False, settings=settings))

@@ -14,6 +14,7 @@ import yaml
 from disagg.api.common import EnvVar
 from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
 from disagg.render.engines import (
+    LMCACHE_CONFIG_FILE,
     EngineContainer,
     engine_container,
     engine_image,
@@ -255,19 +256,14 @@ def build_pdb(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
 
 
 def build_connector_configmap(
-    dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS
+    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings = DEFAULT_SETTINGS
 ) -> Obj | None:
-    """Files a connector reads (LMCache's sender and receiver configuration); None when none needs any."""
+    """Files one pool's connector reads (LMCache: the sender or receiver configuration); None when the
+    connector needs none."""
     if dd.spec.kv_transfer.connector != "lmcache":
         return None
-    data = {
-        f"{role}.yaml": yaml.safe_dump(lmcache_config(dd, role, settings), sort_keys=True)
-        for role in ("prefill", "decode")
-    }
-    meta = _metadata(dd, connector_configmap_name(dd.name, "lmcache"), "prefill")
-    meta["labels"] = {
-        k: v for k, v in meta["labels"].items() if k not in ("app.kubernetes.io/component", ROLE_LABEL)
-    }
+    data = {LMCACHE_CONFIG_FILE: yaml.safe_dump(lmcache_config(dd, role, settings), sort_keys=True)}
+    meta = _metadata(dd, connector_configmap_name(dd.name, role, "lmcache"), role)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 

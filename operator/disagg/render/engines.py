@@ -52,6 +52,8 @@ KV_ROLES: dict[RoleName, str] = {"prefill": "kv_producer", "decode": "kv_consume
 LMCACHE_PD_ROLES: dict[RoleName, str] = {"prefill": "sender", "decode": "receiver"}
 SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 LMCACHE_CONFIG_DIR = "/etc/lmcache"
+LMCACHE_CONFIG_FILE = "lmcache.yaml"
+HF_CACHE_DIR = "/root/.cache/huggingface"  # huggingface_hub's default cache for the root user
 
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {
@@ -119,9 +121,11 @@ def model_env(dd: DisaggregatedDeployment) -> list[Obj]:
 
 
 def model_volumes(dd: DisaggregatedDeployment, settings: RenderSettings) -> tuple[list[Obj], list[Obj]]:
+    """The PVC holding the weights, or a scratch volume for the Hugging Face download cache (so the
+    download is accounted as ephemeral storage of a volume, not of the container's writable layer)."""
     pvc = dd.spec.model.source.pvc
     if pvc is None:
-        return [], []
+        return [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": HF_CACHE_DIR}]
     volume = {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
     mount = {"name": "model", "mountPath": settings.model_mount_path, "readOnly": True}
     return [volume], [mount]
@@ -247,9 +251,11 @@ def _vllm_model_args(dd: DisaggregatedDeployment) -> list[str]:
 def _add_lmcache(
     container: EngineContainer, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
 ) -> None:
-    container.env.append({"name": "LMCACHE_CONFIG_FILE", "value": f"{LMCACHE_CONFIG_DIR}/{role}.yaml"})
+    container.env.append(
+        {"name": "LMCACHE_CONFIG_FILE", "value": f"{LMCACHE_CONFIG_DIR}/{LMCACHE_CONFIG_FILE}"}
+    )
     container.volumes.append(
-        {"name": "lmcache-config", "configMap": {"name": connector_configmap_name(dd.name, "lmcache")}}
+        {"name": "lmcache-config", "configMap": {"name": connector_configmap_name(dd.name, role, "lmcache")}}
     )
     container.volume_mounts.append(
         {"name": "lmcache-config", "mountPath": LMCACHE_CONFIG_DIR, "readOnly": True}
