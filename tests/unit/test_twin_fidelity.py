@@ -19,6 +19,8 @@ calibration. Known misses are strict xfails with the reason, so the table stays 
   mixed step, so at these loads (prefill busy 15-50% of the time) it predicts little queueing; the
   published values imply 2-4 step-times of extra wait that the twin does not model.
 * Splitwise: measured on a 2023 stack about 2x slower than vLLM 0.24 kernels; the twin models today's.
+* vidur Llama-2-7B at TP 1/4/8: between 256 and 1024 tokens the aiconfigurator GEMMs the twin uses are
+  26-29% faster than vidur's profiles (different library versions); the 70B shapes agree within 25%.
 """
 
 from __future__ import annotations
@@ -98,9 +100,9 @@ def test_nim_llama33_70b_fp8_tp2_single_request() -> None:
     assert _rel_err(itl, 0.0186) <= TOLERANCE, f"ITL {itl * 1e3:.1f} ms vs 18.6 ms"
 
 
-def _vidur_h100_linear() -> dict[tuple[int, int], float]:
-    """vidur/h100_Llama-2-70b-hf_mlp.csv: per-layer qkv+o+up+down medians (ms) by (tp, num_tokens)."""
-    path = SHARED / "vidur" / "h100_Llama-2-70b-hf_mlp.csv"
+def _vidur_h100_linear(model: str = "Llama-2-70b-hf") -> dict[tuple[int, int], float]:
+    """vidur/h100_<model>_mlp.csv: per-layer qkv+o+up+down medians (ms) by (tp, num_tokens)."""
+    path = SHARED / "vidur" / f"h100_{model}_mlp.csv"
     if not path.is_file():
         pytest.skip(f"{path} not present")
     ops = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -147,3 +149,28 @@ SPLITWISE_STACK = (
 def test_splitwise_prompt_time(prompt: int, published_s: float) -> None:
     m = load_latency_model("llama-3.1-70b", "h100", 8, "bf16")
     assert _rel_err(m.prefill_time_s([prompt]), published_s) <= TOLERANCE
+
+
+VIDUR_7B_MISS = (
+    "at 256-1024 tokens vLLM 0.24's GEMMs (aiconfigurator) run up to 29% faster than vidur's profiles"
+)
+
+
+@pytest.mark.parametrize(
+    "tp",
+    [
+        pytest.param(tp, marks=pytest.mark.xfail(strict=True, reason=VIDUR_7B_MISS)) if tp != 2 else tp
+        for tp in (1, 2, 4, 8)
+    ],
+)
+def test_linear_layers_match_vidur_h100_llama2_7b(tp: int, h100_bf16_gemm: object) -> None:
+    from disagg.twin.calibrate import Arch, linear_layers_ms
+
+    vidur = _vidur_h100_linear("Llama-2-7b-hf")
+    # Llama-2-7B config.json: 32 layers, hidden 4096, intermediate 11008, 32 heads (no GQA), head_dim 128.
+    arch = Arch(32, 4096, 11008, 32, 32, 128, 32000, 6.7)
+    errors = {
+        n: _rel_err(linear_layers_ms(h100_bf16_gemm, arch, tp, n), vidur[(tp, n)])  # type: ignore[arg-type]
+        for n in (1, 16, 64, 256, 1024, 4096)
+    }
+    assert max(errors.values()) <= TOLERANCE, errors
