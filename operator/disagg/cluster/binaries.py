@@ -2,7 +2,7 @@
 
 The Kubernetes programs, etcd, kwok and helm are built from the Go module proxy through small generated
 wrapper modules (``go install`` refuses ``k8s.io/kubernetes`` because its go.mod replaces the staging
-modules with local paths). Prometheus is extracted from Debian's package so that no system service starts.
+modules with local paths). Prometheus is built the same way, with only the Kubernetes service discovery.
 
 Run ``python -m disagg.cluster.binaries [NAME ...]`` to obtain everything (or the named programs) ahead
 of time.
@@ -40,8 +40,9 @@ class Versions:
     etcd: str = "v3.7.3"
     kwok: str = "v0.8.0"
     helm: str = "v3.22.0"
-    # Debian package; its version is whatever the configured apt sources serve.
-    prometheus: str = "debian"
+    # Go module version v0.3XX.Y is Prometheus 3.XX.Y. Built from source because Debian's package leaves
+    # out kubernetes_sd_configs, which the e2e uses to discover engine pods.
+    prometheus: str = "v0.316.0"
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,7 @@ def _component_lock(settings: BuildSettings, component: str) -> Iterator[None]:
 def _obtain(settings: BuildSettings, component: str) -> None:
     started = time.monotonic()
     log(settings, f"{component} {component_version(settings, component)}: not cached, obtaining (minutes)")
-    if component == "prometheus":
-        _download_prometheus(settings)
-    else:
-        _build_go_component(settings, component)
+    _build_go_component(settings, component)
     elapsed = time.monotonic() - started
     out = component_dir(settings, component)
     (out / "build-seconds").write_text(f"{elapsed:.0f}\n")
@@ -177,6 +175,7 @@ class GoBuild:
     packages: tuple[str, ...]
     replaces: tuple[tuple[str, str], ...] = ()
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
 
 
 def _build_go_component(settings: BuildSettings, component: str) -> None:
@@ -201,6 +200,7 @@ def _build_go_component(settings: BuildSettings, component: str) -> None:
             "-p",
             str(settings.parallel),
             "-trimpath",
+            *(["-tags", ",".join(plan.tags)] if plan.tags else []),
             "-ldflags",
             " ".join(["-s", "-w", *plan.ldflags]),
             "-o",
@@ -298,6 +298,19 @@ def _plan(settings: BuildSettings, component: str, go: str, workdir: Path, env: 
             packages=("helm.sh/helm/v3/cmd/helm",),
             ldflags=helm_version_ldflags(version, _origin_hash(info), gomod),
         )
+    if component == "prometheus":
+        info = _module_info(component, go, "github.com/prometheus/prometheus", version, scratch, env)
+        return GoBuild(
+            module="github.com/prometheus/prometheus",
+            version=version,
+            packages=tuple(
+                f"github.com/prometheus/prometheus/cmd/{name}" for name in PROGRAMS_OF["prometheus"]
+            ),
+            # Prometheus' plugins/*.go build tags: drop every service discovery but Kubernetes (and the
+            # built-in static/file ones) to keep the build short.
+            tags=("remove_all_sd", "enable_kubernetes_sd"),
+            ldflags=prometheus_version_ldflags(version, _origin_hash(info), _build_date(info)),
+        )
     raise BinaryError(f"{component}: no Go build known")
 
 
@@ -327,9 +340,9 @@ def _write_wrapper(workdir: Path, plan: GoBuild, settings: BuildSettings) -> Non
 
 
 _REQUIRE_BLOCK = re.compile(r"^require\s*\((.*?)^\)", re.S | re.M)
-_REQUIRE_LINE = re.compile(r"^require\s+(\S+)\s+(\S+)", re.M)
+_REQUIRE_LINE = re.compile(r"^require[ \t]+(\S+)[ \t]+(\S+)", re.M)
 _REPLACE_BLOCK = re.compile(r"^replace\s*\((.*?)^\)", re.S | re.M)
-_REPLACE_LINE = re.compile(r"^replace\s+(.+)$", re.M)
+_REPLACE_LINE = re.compile(r"^replace[ \t]+(.+)$", re.M)
 
 
 def parse_requires(gomod: str) -> dict[str, str]:
@@ -389,7 +402,8 @@ def staging_replaces(gomod: str, kubernetes_version: str) -> tuple[tuple[str, st
 
 
 def kubernetes_version_ldflags(version: str, commit: str, build_date: str) -> tuple[str, ...]:
-    """The -X flags Kubernetes' hack/lib/version.sh sets, for component-base and client-go."""
+    """The -X flags Kubernetes' hack/lib/version.sh (kube::version::ldflags) sets, for component-base and
+    client-go; kubectl and helm read gitVersion/gitMajor/gitMinor from /version."""
     match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
     if match is None:
         raise BinaryError(f"kubernetes: version {version!r} is not a semantic version")
@@ -408,7 +422,11 @@ def kubernetes_version_ldflags(version: str, commit: str, build_date: str) -> tu
 
 
 def helm_version_ldflags(version: str, commit: str, helm_gomod: str) -> tuple[str, ...]:
-    """The -X flags helm's Makefile sets: its own version and the Kubernetes version it templates for."""
+    """The -X flags helm's Makefile sets: its own version and the Kubernetes version it templates for.
+
+    Source: helm v3.22.0 Makefile (LDFLAGS += -X helm.sh/helm/v3/internal/version.version=... and
+    pkg/lint/rules, pkg/chartutil k8sVersionMajor/Minor from the k8s.io/client-go it requires).
+    """
     client_go = parse_requires(helm_gomod).get("k8s.io/client-go", "")
     match = re.fullmatch(r"v0\.(\d+)\.\d+.*", client_go)
     if match is None:
@@ -425,51 +443,28 @@ def helm_version_ldflags(version: str, commit: str, helm_gomod: str) -> tuple[st
     return tuple(flags)
 
 
+def prometheus_release(module_version: str) -> str:
+    """Prometheus' Go module version v0.MMM.P (since 3.0) names release MMM//100 . MMM%100 . P."""
+    match = re.fullmatch(r"v0\.(\d)(\d\d)\.(\d+)", module_version)
+    if match is None:
+        raise BinaryError(f"prometheus: module version {module_version!r} is not of the form v0.MMM.P")
+    return f"{match.group(1)}.{int(match.group(2))}.{match.group(3)}"
+
+
+def prometheus_version_ldflags(module_version: str, commit: str, build_date: str) -> tuple[str, ...]:
+    """The -X flags of Prometheus' .promu.yml (github.com/prometheus/common/version)."""
+    package = "github.com/prometheus/common/version"
+    values = {
+        "Version": prometheus_release(module_version),
+        "Revision": commit,
+        "Branch": "HEAD",
+        "BuildUser": "disagg",
+        "BuildDate": build_date,
+    }
+    return tuple(f"-X {package}.{key}={value}" for key, value in values.items())
+
+
 # ---------------------------------------------------------------------------------------------------------
-# Prometheus from Debian
-
-
-def _download_prometheus(settings: BuildSettings) -> None:
-    out = component_dir(settings, "prometheus")
-    out.mkdir(parents=True, exist_ok=True)
-    apt_get = shutil.which("apt-get")
-    dpkg_deb = shutil.which("dpkg-deb")
-    if apt_get is None or dpkg_deb is None:
-        raise BinaryError(
-            "prometheus: apt-get and dpkg-deb are needed to extract Debian's prometheus package"
-        )
-    with tempfile.TemporaryDirectory(dir=out) as tmp:
-        tmpdir = Path(tmp)
-        env = dict(os.environ)
-        proc = subprocess.run(
-            [apt_get, "download", "prometheus"],
-            cwd=tmpdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            log(settings, "prometheus: package not in the apt lists, running apt-get update")
-            _run("prometheus", "apt-get update", [apt_get, "update", "-qq"], tmpdir, env)
-            _run("prometheus", "apt-get download", [apt_get, "download", "prometheus"], tmpdir, env)
-        debs = sorted(tmpdir.glob("prometheus_*.deb"))
-        if not debs:
-            raise BinaryError("prometheus: apt-get download produced no prometheus_*.deb")
-        root = tmpdir / "root"
-        _run("prometheus", "dpkg-deb -x", [dpkg_deb, "-x", str(debs[0]), str(root)], tmpdir, env)
-        staging = tmpdir / "bin"
-        staging.mkdir()
-        for name in PROGRAMS_OF["prometheus"]:
-            src = root / "usr" / "bin" / name
-            if not src.is_file():
-                raise BinaryError(f"prometheus: {debs[0].name} has no usr/bin/{name}")
-            shutil.copy2(src, staging / name)
-        (out / "package").write_text(debs[0].name + "\n")
-        final = out / "bin"
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
 
 
 def cache_size_bytes(settings: BuildSettings | None = None) -> int:

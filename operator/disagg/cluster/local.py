@@ -29,6 +29,7 @@ import yaml
 
 from disagg.cluster.binaries import BuildSettings, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
+from disagg.cluster.kwok_stages import kwok_config_documents
 
 
 class ClusterError(RuntimeError):
@@ -71,11 +72,14 @@ class ClusterSettings:
     pod_cidr: str = "10.244.0.0/16"  # kwok hands pod IPs out of this range
     service_account_issuer: str = "https://kubernetes.default.svc.cluster.local"
     start_timeout_s: float = 180.0
-    stop_timeout_s: float = 15.0
+    stop_timeout_s: float = 5.0  # then SIGKILL: the state is disposable
     poll_interval_s: float = 0.2
     log_verbosity: int = 1
     # kill the components if the process that started them dies (for test sessions, not for the CLI)
     tie_to_parent: bool = False
+    node_lease_seconds: int = (
+        40  # kwok renews each node's Lease, which keeps the node lifecycle controller content
+    )
     extra_apiserver_args: tuple[str, ...] = ()
 
 
@@ -188,7 +192,8 @@ def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
     }
 
 
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+def kill_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """preexec_fn: the kernel sends SIGKILL to the child when the thread that forked it exits."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
@@ -358,7 +363,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 cwd=self.state_dir,
                 start_new_session=True,
-                preexec_fn=_pdeathsig if self.settings.tie_to_parent else None,
+                preexec_fn=kill_with_parent if self.settings.tie_to_parent else None,
             )
         finally:
             log.close()
@@ -527,14 +532,17 @@ class LocalCluster:
 
     def _kwok_args(self, port: int) -> list[str]:
         key, value = KWOK_NODE_ANNOTATION
+        config = self.state_dir / "kwok.yaml"
+        config.write_text(yaml.safe_dump_all(kwok_config_documents(), sort_keys=False))
         return [
             f"--kubeconfig={self._kubeconfig_for('kwok')}",
+            f"--config={config}",
+            f"--node-lease-duration-seconds={self.settings.node_lease_seconds}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={key}={value}",
             f"--cidr={self.settings.pod_cidr}",
             "--node-ip=127.0.0.1",
             f"--server-address=127.0.0.1:{port}",
-            f"--v={'DEBUG' if self.settings.log_verbosity > 2 else 'INFO'}",
         ]
 
     # -- waiting ---------------------------------------------------------------------------------------

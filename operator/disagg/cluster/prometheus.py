@@ -19,7 +19,7 @@ import httpx
 import yaml
 
 from disagg.cluster.binaries import BuildSettings, ensure_binary
-from disagg.cluster.local import ClusterInfo, free_ports
+from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent
 
 
 class PrometheusError(RuntimeError):
@@ -32,6 +32,8 @@ class PrometheusSettings:
     stop_timeout_s: float = 10.0
     retention: str = "1d"
     log_level: str = "info"
+    # kill Prometheus when the thread that started it exits (for test sessions, like the cluster's)
+    tie_to_parent: bool = False
     build: BuildSettings = field(default_factory=BuildSettings)
 
 
@@ -136,6 +138,7 @@ def start_prometheus(
             stderr=subprocess.STDOUT,
             cwd=workdir,
             start_new_session=True,
+            preexec_fn=kill_with_parent if settings.tie_to_parent else None,
         )
     (workdir / "prometheus.pid").write_text(f"{process.pid}\n")
     prom = PrometheusProcess(url, workdir, config_path, log_path, process, settings)
