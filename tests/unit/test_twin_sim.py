@@ -186,3 +186,24 @@ def test_observation_spans_the_metric_window() -> None:
         (30.0, pytest.approx(1 / 30)),
         (40.0, 0.0),
     ]
+
+
+def test_prefix_cache_skips_shared_blocks_and_frees_kv() -> None:
+    core = EngineCore(LAT_8B, EngineSettings(role="colocated", prefix_caching=True))
+    shared = (1, 2, 3, 4)
+    first = SimRequest(0, 0.0, 2100, 5, (*shared, 10))
+    run_engine(core, [first])
+    again = SimRequest(1, 0.0, 2300, 5, (*shared, 20, 21))
+    other = SimRequest(2, 0.0, 2300, 5, (99, 2, 3, 4, 5))
+    run_engine(core, [again])
+    run_engine(core, [other])
+    assert again.cached == 4 * 512 and other.cached == 0  # only a leading run of equal hashes counts
+    assert core.prefix_hit_tokens == 4 * 512
+    assert (again.prefill_done_time - again.prefill_start) < (first.prefill_done_time - first.prefill_start)
+    assert core.kv_used == 0 and core.outstanding_tokens == 0
+
+
+def test_prefix_caching_only_matters_for_traces_with_hashes() -> None:
+    reqs = trace(rate=2.0, duration=60.0)
+    on, off = simulate(pd_8b(), reqs), simulate(pd_8b(prefix_caching=False), reqs)
+    np.testing.assert_array_equal(on.ttft, off.ttft)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -50,6 +50,11 @@ class EngineSettings:
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     kv_capacity_tokens: int | None = None  # None: the latency model's KV capacity
     max_jump_steps: int = 1_000_000
+    # Automatic prefix caching (on by default in vLLM V1): prompts whose leading blocks' hashes were computed
+    # on this replica before skip those tokens. Blocks are the trace's hash granularity (Mooncake: 512
+    # tokens per hash id); the cache is LRU over at most the KV capacity's worth of blocks.
+    prefix_caching: bool = False
+    prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.role not in ("colocated", "prefill", "decode"):
@@ -65,6 +70,7 @@ class SimRequest:
 
     __slots__ = (
         "arrival",
+        "cached",
         "computed",
         "engine_arrival",
         "epoch",
@@ -73,6 +79,7 @@ class SimRequest:
         "first_token_time",
         "gen_at_join",
         "generated",
+        "hashes",
         "join_step",
         "output",
         "preemptions",
@@ -82,8 +89,12 @@ class SimRequest:
         "rid",
     )
 
-    def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
+    def __init__(
+        self, rid: int, arrival: float, prompt: int, output: int, hashes: tuple[int, ...] = ()
+    ) -> None:
         self.rid = rid
+        self.hashes = hashes  # prefix block hashes (e.g. Mooncake hash_ids), for prefix caching
+        self.cached = 0  # prompt tokens served from the prefix cache at the last admission
         self.arrival = arrival
         self.prompt = max(1, prompt)
         self.output = max(1, output)
@@ -163,6 +174,9 @@ class EngineCore:
         self.prompt_tokens_done = 0
         self.tokens_generated = 0
         self.current: Step | None = None
+        self._prefix: OrderedDict[int, None] | None = OrderedDict() if self.settings.prefix_caching else None
+        self._prefix_capacity = self.kv_capacity // max(1, self.settings.prefix_block_tokens)
+        self.prefix_hit_tokens = 0
 
     # --- queries -------------------------------------------------------------------------------------
     @property
@@ -197,6 +211,11 @@ class EngineCore:
         req.engine_arrival = now
         ready = self.settings.role == "decode" if kv_ready is None else kv_ready
         req.computed = req.prompt if ready else 0
+        req.cached = 0
+        if not ready and self._prefix is not None and req.hashes and req.generated == 0:
+            req.cached = req.computed = self._prefix_hits(req)
+            self.kv_used += req.cached
+            self.prefix_hit_tokens += req.cached
         self.waiting.append(req)
         self.outstanding_tokens += self._remaining_work(req)
 
@@ -328,8 +347,31 @@ class EngineCore:
         return ev
 
     # --- internals -----------------------------------------------------------------------------------
+    def _prefix_hits(self, req: SimRequest) -> int:
+        """Prompt tokens whose leading blocks are cached here (at least one token is always computed)."""
+        cache = self._prefix
+        assert cache is not None
+        hits = 0
+        for h in req.hashes:
+            if h not in cache:
+                break
+            cache.move_to_end(h)
+            hits += 1
+        return min(hits * self.settings.prefix_block_tokens, req.prompt - 1)
+
+    def _remember_prefix(self, req: SimRequest) -> None:
+        cache = self._prefix
+        if cache is None or not req.hashes:
+            return
+        for h in req.hashes[: req.prompt // self.settings.prefix_block_tokens]:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self._prefix_capacity:
+            cache.popitem(last=False)
+
     def _prefill_finished(self, req: SimRequest, now: float, ev: StepEvents) -> None:
         self.prefilling.remove(req)
+        self._remember_prefix(req)
         if math.isnan(req.prefill_done_time):
             req.prefill_done_time = now
         if self.settings.role == "prefill":

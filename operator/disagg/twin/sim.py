@@ -84,6 +84,7 @@ class SimDeployment:
     kv_setup_s: float | None = None
     startup_delay_s: float = 120.0
     request_overhead_s: float | None = None  # front-end delay before the engine queue; None: profile's
+    prefix_caching: bool = True  # vLLM V1 default; only requests carrying prefix hashes can hit
     name: str = "twin"
 
     def __post_init__(self) -> None:
@@ -306,12 +307,15 @@ class Replica:
 
 
 class Pool:
-    def __init__(self, role: EngineRole, spec: PoolSpec, latency: LatencyModel) -> None:
+    def __init__(self, role: EngineRole, spec: PoolSpec, latency: LatencyModel, prefix_caching: bool) -> None:
         self.role = role
         self.spec = spec
         self.latency = latency
         self.settings = EngineSettings(
-            role=role, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens
+            role=role,
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            prefix_caching=prefix_caching,
         )
         self.replicas: list[Replica] = []
         self.pending: deque[SimRequest] = deque()
@@ -403,7 +407,7 @@ class Simulator:
         self.closed_loop = closed_loop
         self._closed_issued = 0
         self.reqs = [
-            SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes)
             for i, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
         ]
         last = self.reqs[-1].arrival if self.reqs else 0.0
@@ -420,7 +424,7 @@ class Simulator:
         for role, spec in roles:
             assert spec is not None
             lat = load_latency_model(deployment.model, deployment.gpu, spec.tp, deployment.dtype)
-            pool = Pool(role, spec, lat)
+            pool = Pool(role, spec, lat, deployment.prefix_caching and role != "decode")
             self.pools[role] = pool
             for _ in range(spec.replicas):
                 self._add_replica(pool, ready_at=0.0)

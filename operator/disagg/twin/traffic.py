@@ -31,6 +31,7 @@ class Request:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    prefix_hashes: tuple[int, ...] = ()  # one hash per prompt block (Mooncake: 512 tokens); equal = shared
 
 
 def _relative(reqs: Iterable[Request]) -> list[Request]:
@@ -73,9 +74,13 @@ def load_mooncake_jsonl(path: Path) -> list[Request]:
                 continue
             try:
                 obj = json.loads(line)
+                hashes = tuple(int(h) for h in obj.get("hash_ids", ()))
                 out.append(
                     Request(
-                        float(obj["timestamp"]) / 1000, int(obj["input_length"]), int(obj["output_length"])
+                        float(obj["timestamp"]) / 1000,
+                        int(obj["input_length"]),
+                        int(obj["output_length"]),
+                        hashes,
                     )
                 )
             except (KeyError, ValueError, TypeError) as e:
