@@ -1,1 +1,11 @@
-"""The serving twin: a calibrated simulator of disaggregated and colocated serving, and emulated engines."""
+"""The serving twin: a calibrated simulator of disaggregated and colocated serving, and emulated engines.
+
+* :mod:`disagg.twin.latency` - step times per (model, GPU, TP, dtype) from measured kernel tables
+  (profiles/*.yaml; :mod:`disagg.twin.calibrate` regenerates the coefficients).
+* :mod:`disagg.twin.engine` - one replica's continuous-batching scheduler (``EngineCore``), shared by the
+  offline simulator and the live twin.
+* :mod:`disagg.twin.sim` - the discrete-event simulator (pools, routing, KV transfer, scaling, observations).
+* :mod:`disagg.twin.traffic` - Azure / Mooncake / BurstGPT loaders and synthetic generators.
+* :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, HTML report.
+* ``disagg simulate`` (:mod:`disagg.twin.cli_simulate`) and ``disagg twin`` (:mod:`disagg.twin.live`).
+"""

@@ -49,6 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
     parser.add_argument("--duration", type=float, help="only the first DURATION seconds of the trace")
     parser.add_argument("--startup-delay", type=float, help="seconds a new replica takes to become ready")
+    parser.add_argument("--routing", choices=["least_outstanding", "round_robin", "random"])
+    parser.add_argument("--link", choices=["nic", "nvlink"], help="KV transfer path between pools")
+    parser.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(func=run)
@@ -127,6 +130,12 @@ def run(args: argparse.Namespace) -> int:
         dep = SimDeployment.load(args.deployment)
         if args.startup_delay is not None:
             dep = replace(dep, startup_delay_s=args.startup_delay)
+        if args.routing:
+            dep = replace(dep, routing=args.routing)
+        if args.link:
+            dep = replace(dep, link=args.link)
+        if args.no_prefix_caching:
+            dep = replace(dep, prefix_caching=False)
         reqs = load_trace(args.trace)
         if args.duration is not None:
             reqs = truncate(reqs, args.duration)
