@@ -245,3 +245,12 @@ def test_a_target_is_announced_once_until_applied() -> None:
     earlier = {"prefill": 2, "decode": 2, "cause": "Steady"}
     (event,) = change_events(decision, current, "advisory", [], [], previous_target=earlier)
     assert event.message.startswith("recommends prefill 2 -> 3")
+
+
+def test_conditions_first_set_in_their_good_state_are_not_announced() -> None:
+    after = [
+        {"type": CONDITION_LIMITED, "status": "False", "reason": "DesiredWithinRange", "message": ""},
+        {"type": CONDITION_METRICS, "status": "False", "reason": "MetricsMissing", "message": "TTFT missing"},
+    ]
+    events = change_events(_decision(2, 2, changed=False), {"prefill": 2, "decode": 2}, "active", [], after)
+    assert [(e.type, e.reason) for e in events] == [("Warning", "MetricsMissing")]

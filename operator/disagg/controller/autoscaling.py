@@ -419,6 +419,8 @@ def change_events(
         if before.get(kind) == cond.get("status"):
             continue
         bad = (kind == CONDITION_LIMITED) == (cond.get("status") == "True")
+        if kind not in before and not bad:
+            continue  # a condition first set in its good state is no news
         events.append(
             EventSpec("Warning" if bad else "Normal", str(cond.get("reason")), str(cond.get("message")))
         )
@@ -578,10 +580,12 @@ def bounds_of(spec: Mapping[str, Any]) -> Bounds:
 
 def read_role(
     kube: KubeApi, namespace: str, name: str, role: Role, grace_s: float, now: float
-) -> tuple[RoleCounts, list[PodInfo]]:
-    """Replicas from the child Deployment, ready/pending/stuck from its pods."""
+) -> tuple[RoleCounts, list[PodInfo]] | None:
+    """Replicas from the child Deployment, ready/pending/stuck from its pods; None before it exists."""
     child = kube.get(DEPLOYMENT, namespace, f"{name}-{role}")
-    replicas = int(((child or {}).get("spec") or {}).get("replicas", 0))
+    if child is None:
+        return None
+    replicas = int((child.get("spec") or {}).get("replicas", 0))
     selector = f"disagg.dev/deployment={name},disagg.dev/role={role}"
     pods = [pod_info(p) for p in kube.list(POD, namespace, selector)]
     return role_counts(replicas, pods, grace_s, now), pods
@@ -675,16 +679,19 @@ def evaluate(
         last = parse_rfc3339((status.get("autoscaling") or {}).get("lastEvaluationTime"))
     if not is_due(last, float(policy.evaluation_interval_seconds), now):
         return None
-    memo["last_evaluation"] = now
     started = time.monotonic()
-    status = fresh_object(rt.kube, body).get("status") or {}
-
     counts: dict[str, RoleCounts] = {}
     pods: dict[str, list[PodInfo]] = {}
+    for role in ROLES:
+        found = read_role(rt.kube, namespace, name, role, rt.settings.pending_grace_s, now)
+        if found is None:
+            return None  # the reconciler has not created the pools yet: nothing to decide from
+        counts[role], pods[role] = found
+    memo["last_evaluation"] = now
+    status = fresh_object(rt.kube, body).get("status") or {}
     role_obs: dict[Role, RoleObservation] = {}
     bounds = bounds_of(spec)
     for role in ROLES:
-        counts[role], pods[role] = read_role(rt.kube, namespace, name, role, rt.settings.pending_grace_s, now)
         c = counts[role]
         role_obs[role] = RoleObservation(
             replicas=c.replicas,
