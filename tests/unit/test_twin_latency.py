@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from disagg.twin.latency import Link, load_latency_model
 
@@ -83,3 +86,22 @@ def test_second_and_third_gpu_types_are_slower_than_h100() -> None:
         load_latency_model("llama-3.1-8b", "a100", 1).kv_capacity_tokens
         > load_latency_model("llama-3.1-8b", "l40s", 1).kv_capacity_tokens
     )
+
+
+def test_shipped_coefficients_are_reproducible_from_the_calibration_data(tmp_path: Path) -> None:
+    from disagg.twin.calibrate import main as calibrate_main
+
+    shared = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration"
+    if not (shared / "aiconfigurator").is_dir():
+        pytest.skip("../shared/calibration not present")
+    out = tmp_path / "coefficients.yaml"
+    assert calibrate_main(["--calibration", str(shared), "--out", str(out)]) == 0
+    shipped = (
+        Path(__file__).resolve().parents[2]
+        / "operator"
+        / "disagg"
+        / "twin"
+        / "profiles"
+        / "coefficients.yaml"
+    )
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load(shipped.read_text())
