@@ -207,3 +207,12 @@ def test_prefix_caching_only_matters_for_traces_with_hashes() -> None:
     reqs = trace(rate=2.0, duration=60.0)
     on, off = simulate(pd_8b(), reqs), simulate(pd_8b(prefix_caching=False), reqs)
     np.testing.assert_array_equal(on.ttft, off.ttft)
+
+
+def test_kv_transfers_from_one_prefill_replica_queue_on_its_link() -> None:
+    dep = pd_8b(link_gbytes_per_s=0.1, request_overhead_s=0.0)
+    res = simulate(dep, [Request(0.0, 1000, 5), Request(0.0, 1000, 5)])
+    one_transfer = 1000 * LAT_8B.kv_bytes_per_token / 0.1e9
+    first, second = sorted(res.ttft)
+    assert first >= one_transfer
+    assert second - first >= one_transfer * 0.99

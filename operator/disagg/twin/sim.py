@@ -3,9 +3,10 @@
 ``simulate(deployment, requests, controller=None, interval_s=30, seed=0) -> SimResult``.
 
 * P/D mode: a request is routed to a prefill replica, its prompt is computed there (chunked to the step
-  budget), its KV moves over the link (setup latency + bytes / bandwidth, no contention modelled) and it is
-  routed to a decode replica, whose first step emits the first token. TTFT = router queue + engine queue +
-  prefill + transfer + first decode step.
+  budget), its KV moves over the link (bytes / bandwidth of the prefill replica's NICs, transfers from one
+  replica queued behind each other, plus a setup latency; the decode side's inbound bandwidth is not
+  modelled) and it is routed to a decode replica, whose first step emits the first token.
+  TTFT = front-end overhead + router queue + engine queue + prefill + transfer + first decode step.
 * Colocated mode: one pool, chunked prefill mixing prompt chunks with decodes in every step.
 * Routing: ``round_robin`` or ``least_outstanding`` (prompt tokens still to compute plus output tokens
   still to emit, per replica). A pool with no ready replica holds requests at the router.
@@ -82,6 +83,7 @@ class SimDeployment:
     routing: Routing = "least_outstanding"
     link: str = "nic"
     kv_setup_s: float | None = None
+    link_gbytes_per_s: float | None = None  # overrides the named link's bandwidth per prefill replica
     startup_delay_s: float = 120.0
     request_overhead_s: float | None = None  # front-end delay before the engine queue; None: profile's
     prefix_caching: bool = True  # vLLM V1 default; only requests carrying prefix hashes can hit
@@ -294,7 +296,7 @@ class Window:
 
 # --- replicas and pools --------------------------------------------------------------------------------
 class Replica:
-    __slots__ = ("core", "index", "pool", "ready_at", "state", "step", "version")
+    __slots__ = ("core", "index", "link_free", "pool", "ready_at", "state", "step", "version")
 
     def __init__(self, pool: Pool, index: int, core: EngineCore, ready_at: float) -> None:
         self.pool = pool
@@ -304,6 +306,7 @@ class Replica:
         self.state: Literal["starting", "ready", "draining", "gone"] = "starting"
         self.step: Step | None = None
         self.version = 0
+        self.link_free = 0.0  # when this replica's NICs finish the KV transfers queued on them
 
 
 class Pool:
@@ -583,10 +586,8 @@ class Simulator:
         for req in ev.prefilled:
             w.queue_time["prefill"].append(req.prefill_start - req.engine_arrival)
             w.prefill_time.append(req.prefill_done_time - req.prefill_start)
-            dec = self.pools["decode"]
-            dt = dec.latency.kv_transfer_time_s(req.prompt, self.dep.link, self.dep.kv_setup_s)
             req.first_scheduled = math.nan
-            self._push(self.now + dt, self.TRANSFER, req)
+            self._push(self._transfer_done_at(rep, req), self.TRANSFER, req)
         if role == "colocated":
             for req in ev.first_tokens:
                 w.prefill_time.append(req.prefill_done_time - req.prefill_start)
@@ -596,6 +597,20 @@ class Simulator:
                 self._issue_closed_loop()
         self._kick(rep)
         self._maybe_retire(rep)
+
+    def _transfer_done_at(self, rep: Replica, req: SimRequest) -> float:
+        """KV of one prompt leaves over the prefill replica's link; transfers queue behind each other."""
+        lat = rep.pool.latency
+        link = lat.link(self.dep.link)
+        setup = link.setup_s if self.dep.kv_setup_s is None else self.dep.kv_setup_s
+        bandwidth = (
+            link.bandwidth_bytes_per_s
+            if self.dep.link_gbytes_per_s is None
+            else self.dep.link_gbytes_per_s * 1e9
+        )
+        start = max(self.now, rep.link_free)
+        rep.link_free = start + req.prompt * lat.kv_bytes_per_token / bandwidth
+        return rep.link_free + setup
 
     def _on_ready(self, rep: Replica) -> None:
         if rep.state != "starting":
