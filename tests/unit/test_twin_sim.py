@@ -10,7 +10,7 @@ import pytest
 from disagg.policy.types import Observation
 from disagg.twin.engine import EngineCore, EngineSettings, SimRequest
 from disagg.twin.latency import load_latency_model
-from disagg.twin.sim import LogHistogram, PoolSpec, SimDeployment, simulate
+from disagg.twin.sim import LogHistogram, PoolSpec, SimDeployment, Simulator, simulate
 from disagg.twin.traffic import LengthDist, Request, poisson
 
 LAT_8B = load_latency_model("llama-3.1-8b", "h100", 1)
@@ -216,3 +216,12 @@ def test_kv_transfers_from_one_prefill_replica_queue_on_its_link() -> None:
     first, second = sorted(res.ttft)
     assert first >= one_transfer
     assert second - first >= one_transfer * 0.99
+
+
+def test_all_kv_is_released_when_the_trace_is_done() -> None:
+    for dep in (pd_8b(prefill=2, decode=2), pd_8b().colocated_equivalent()):
+        sim = Simulator(dep, trace(rate=8.0, duration=60.0))
+        sim.run()
+        assert [r.core.kv_used for p in sim.pools.values() for r in p.replicas] == [0] * sum(
+            len(p.replicas) for p in sim.pools.values()
+        )

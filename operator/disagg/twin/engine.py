@@ -55,6 +55,9 @@ class EngineSettings:
     # tokens per hash id); the cache is LRU over at most the KV capacity's worth of blocks.
     prefix_caching: bool = False
     prefix_block_tokens: int = 512
+    # Prefill role: keep a finished prompt's KV until the caller reports the transfer done (release_kv), as
+    # a P/D prefill engine holds its blocks until the decode side has pulled them.
+    hold_kv_until_released: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ("colocated", "prefill", "decode"):
@@ -375,7 +378,8 @@ class EngineCore:
         if math.isnan(req.prefill_done_time):
             req.prefill_done_time = now
         if self.settings.role == "prefill":
-            self.kv_used -= req.computed
+            if not self.settings.hold_kv_until_released:
+                self.kv_used -= req.computed
             req.computed = 0
             ev.prefilled.append(req)
             return
@@ -449,6 +453,10 @@ class EngineCore:
             req.epoch += 1
             req.preemptions += 1
             self.waiting.appendleft(req)
+
+    def release_kv(self, tokens: int) -> None:
+        """A held prompt's KV left the replica (hold_kv_until_released)."""
+        self.kv_used -= tokens
 
     def _held_kv(self, req: SimRequest) -> int:
         """KV tokens a decoding request holds: what it joined with plus one per decode step since."""

@@ -319,6 +319,7 @@ class Pool:
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens,
             prefix_caching=prefix_caching,
+            hold_kv_until_released=role == "prefill",
         )
         self.replicas: list[Replica] = []
         self.pending: deque[SimRequest] = deque()
@@ -587,7 +588,7 @@ class Simulator:
             w.queue_time["prefill"].append(req.prefill_start - req.engine_arrival)
             w.prefill_time.append(req.prefill_done_time - req.prefill_start)
             req.first_scheduled = math.nan
-            self._push(self._transfer_done_at(rep, req), self.TRANSFER, req)
+            self._push(self._transfer_done_at(rep, req), self.TRANSFER, (req, rep))
         if role == "colocated":
             for req in ev.first_tokens:
                 w.prefill_time.append(req.prefill_done_time - req.prefill_start)
@@ -597,6 +598,13 @@ class Simulator:
                 self._issue_closed_loop()
         self._kick(rep)
         self._maybe_retire(rep)
+
+    def _on_transfer(self, req: SimRequest, source: Replica) -> None:
+        """The KV reached the decode side: the prefill replica frees it and the decode pool takes over."""
+        source.core.release_kv(req.prompt)
+        if source.state in ("ready", "draining"):
+            self._kick(source)
+        self._route(self.pools["decode"], req)
 
     def _transfer_done_at(self, rep: Replica, req: SimRequest) -> float:
         """KV of one prompt leaves over the prefill replica's link; transfers queue behind each other."""
@@ -737,7 +745,7 @@ class Simulator:
                 if version == obj.version:
                     self._on_step(obj)
             elif kind == self.TRANSFER:
-                self._route(self.pools["decode"], obj)
+                self._on_transfer(*obj)
             elif kind == self.READY:
                 self._on_ready(obj)
             elif kind == self.FRONTEND:
