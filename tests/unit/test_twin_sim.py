@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disagg.policy.types import Observation
 from disagg.twin.engine import EngineCore, EngineSettings, SimRequest
@@ -225,3 +227,34 @@ def test_all_kv_is_released_when_the_trace_is_done() -> None:
         assert [r.core.kv_used for p in sim.pools.values() for r in p.replicas] == [0] * sum(
             len(p.replicas) for p in sim.pools.values()
         )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    role=st.sampled_from(["colocated", "decode", "prefill"]),
+    budget=st.integers(64, 4096),
+    seqs=st.integers(1, 16),
+    capacity=st.integers(3000, 20000),
+    shapes=st.lists(st.tuples(st.integers(1, 1500), st.integers(1, 300)), min_size=1, max_size=25),
+)
+def test_engine_accounting_holds_for_any_workload(
+    role: str, budget: int, seqs: int, capacity: int, shapes: list[tuple[int, int]]
+) -> None:
+    core = EngineCore(
+        LAT_8B,
+        EngineSettings(
+            role=role,  # type: ignore[arg-type]
+            max_num_batched_tokens=budget,
+            max_num_seqs=seqs,
+            kv_capacity_tokens=capacity,
+            prefix_caching=True,
+        ),
+    )
+    reqs = [SimRequest(i, 0.0, p, o, (i % 3, 7)) for i, (p, o) in enumerate(shapes)]
+    steps = run_engine(core, reqs)
+    assert all(p + d <= budget for p, d, k, _ in steps if k == 1)
+    done = [r for r in reqs if r.finish_time == r.finish_time or r.prefill_done_time == r.prefill_done_time]
+    assert len(done) == len(reqs)
+    if role != "prefill":
+        assert all(r.generated == r.output for r in reqs)
+    assert core.kv_used == 0 and core.outstanding_tokens == 0 and core.idle
