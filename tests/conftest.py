@@ -43,6 +43,7 @@ _LOG_TAIL_BYTES = 4000
 _AUTO_MARKS = {"integration": "integration", "e2e": "e2e"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent
     for item in items:
