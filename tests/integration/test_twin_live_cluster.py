@@ -1,0 +1,173 @@
+"""The live twin following pods on the local control plane (real kube-apiserver, scheduler, kwok).
+
+Each Running pod of a Deployment with the contract labels gets an emulated engine after its start-up
+delay and the endpoint annotation; a real Prometheus finds the engines through kubernetes_sd (role pod)
+and scrapes them; a scaled-down pod is drained and its endpoint closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from disagg.twin.live.engine import EngineSettings
+from disagg.twin.live.follower import ENDPOINT_ANNOTATION, Defaults, Overrides, PodFollower
+from disagg.twin.live.pods import PodPool, PoolSettings
+
+
+async def _eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def _decode_deployment(name: str, replicas: int) -> dict[str, Any]:
+    labels = {
+        "app.kubernetes.io/name": "disagg",
+        "app.kubernetes.io/instance": "dd",
+        "app.kubernetes.io/component": "decode",
+        "app.kubernetes.io/managed-by": "disagg-operator",
+        "app.kubernetes.io/part-of": "disagg",
+        "disagg.dev/role": "decode",
+        "disagg.dev/deployment": "dd",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"disagg.dev/deployment": "dd", "disagg.dev/role": "decode"}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": "8000",
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "nodeSelector": {"disagg.dev/gpu-type": "l40s"},
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def test_follows_the_pods_of_a_deployment_and_drains_removed_ones(k8s_api: Any, namespace: str) -> None:
+    from kubernetes import client
+
+    apps: Any = client.AppsV1Api(k8s_api)
+    core: Any = client.CoreV1Api(k8s_api)
+    apps.create_namespaced_deployment(namespace, _decode_deployment("dd-decode", 2))
+
+    def annotated_pods() -> dict[str, str]:
+        pods = core.list_namespaced_pod(namespace, label_selector="disagg.dev/deployment=dd").items
+        return {
+            p.metadata.name: (p.metadata.annotations or {}).get(ENDPOINT_ANNOTATION, "")
+            for p in pods
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+        }
+
+    async def scenario() -> None:
+        pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5), startup_delay_s=1.0))
+        follower = PodFollower(
+            k8s_api, namespace, "dd", pool, Overrides(), Defaults(model="llama-3.1-8b"), watch_timeout_s=5
+        )
+        follower.start()
+        try:
+
+            async def two_serving() -> dict[str, str] | None:
+                pods = await asyncio.to_thread(annotated_pods)
+                serving = {
+                    n: p.server.endpoint for n, p in pool.pods.items() if p.server and p.state == "serving"
+                }
+                return pods if len(pods) == 2 and pods == serving else None
+
+            pods = await _eventually(two_serving, 90, "two Running pods, each served and annotated")
+            assert {p.spec.choice.gpu for p in pool.pods.values()} == {"l40s"}  # from the pod's nodeSelector
+            async with aiohttp.ClientSession() as http:
+                for endpoint in pods.values():
+                    async with http.get(f"http://{endpoint}/health") as r:
+                        assert r.status == 200
+
+            await asyncio.to_thread(
+                apps.patch_namespaced_deployment_scale, "dd-decode", namespace, {"spec": {"replicas": 1}}
+            )
+
+            async def one_left() -> bool:
+                return len(pool.endpoints("decode")) == 1 and len(pool.pods) == 1
+
+            await _eventually(one_left, 60, "the scaled-down pod to leave the pool")
+            await pool.wait_drained()
+            (kept,) = pool.endpoints("decode")
+            (removed,) = [e for e in pods.values() if e != kept]
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.ClientConnectionError):
+                    async with http.get(f"http://{removed}/health"):
+                        pass
+                async with http.get(f"http://{kept}/health") as r:
+                    assert r.status == 200
+        finally:
+            await follower.stop()
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_prometheus_finds_the_followed_engines_through_kubernetes_sd(
+    k8s_api: Any, namespace: str, cluster: Any, prometheus_factory: Callable[[dict[str, Any]], Any]
+) -> None:
+    """Pod discovery (role pod) and the endpoint annotation lead a real Prometheus to each engine."""
+    from kubernetes import client
+
+    from disagg.cluster.prometheus import kubernetes_pod_sd_config
+
+    apps: Any = client.AppsV1Api(k8s_api)
+    apps.create_namespaced_deployment(namespace, _decode_deployment("dd-decode", 2))
+
+    async def scenario() -> None:
+        pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5)))
+        follower = PodFollower(
+            k8s_api, namespace, "dd", pool, Overrides(), Defaults(model="llama-3.1-8b"), watch_timeout_s=5
+        )
+        follower.start()
+        try:
+
+            async def annotated() -> set[str]:
+                return set(follower.annotated) if len(follower.annotated) == 2 else set()
+
+            pods = await _eventually(annotated, 90, "two served and annotated pods")
+            scrape = kubernetes_pod_sd_config(cluster, namespace, job_name="engines", scrape_interval="1s")
+            prom = await asyncio.to_thread(prometheus_factory, {"scrape_configs": [scrape]})
+
+            async def both_scraped() -> bool:
+                query = 'vllm:num_requests_running{job="engines"}'
+                result = await asyncio.to_thread(prom.query, query)
+                return {r["metric"].get("pod") for r in result} == pods
+
+            await _eventually(both_scraped, 60, "Prometheus to scrape both engines through kubernetes_sd")
+        finally:
+            await follower.stop()
+            await pool.close()
+
+    asyncio.run(scenario())
