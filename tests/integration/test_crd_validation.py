@@ -124,3 +124,27 @@ def test_rendered_children_are_accepted_by_the_api_server(
         except ApiException as exc:
             pytest.fail(f"{child['kind']}/{child['metadata']['name']} rejected: {exc.body}")
     assert {c["kind"] for c in children} >= {"Deployment", "Service", "PodDisruptionBudget", "Role"}
+
+
+def test_kubectl_explain_documents_the_fields(crds: list[str], kubeconfig: Path) -> None:
+    import subprocess
+
+    from disagg.cluster.binaries import ensure_binary
+    from disagg.cluster.wait import wait_for
+
+    kubectl = ensure_binary("kubectl")
+
+    def explain() -> subprocess.CompletedProcess[str] | None:
+        result = subprocess.run(
+            [str(kubectl), "--kubeconfig", str(kubeconfig), "explain", "dd.spec.decode"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return result if result.returncode == 0 else None
+
+    # The API server publishes a new CRD's OpenAPI document a little after the CRD is Established.
+    result = wait_for(explain, timeout_s=90, interval_s=1, what="kubectl explain dd.spec.decode")
+    for text in ("The decode pool.", "tensorParallelSize", "GPUs per replica", "shutdownTimeoutSeconds"):
+        assert text in result.stdout, f"{text!r} missing from kubectl explain:\n{result.stdout}"
