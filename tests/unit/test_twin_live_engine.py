@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from disagg.twin.latency import load_latency_model
 from disagg.twin.live.engine import (
@@ -16,7 +19,9 @@ from disagg.twin.live.engine import (
     parse_kv_transfer_params,
 )
 from disagg.twin.live.exposition import VllmMetrics, render
-from disagg.twin.live.follower import Defaults, Overrides, pod_spec_for
+from disagg.twin.live.follower import Defaults, Overrides, defaults_from_deployment, pod_spec_for
+from disagg.twin.live.latency import load_step_latency
+from disagg.twin.live.load import trace_requests
 from disagg.twin.live.proxy import check_local_endpoint, prefill_request
 from disagg.twin.live.server import prompt_token_count, requested_max_tokens
 
@@ -227,3 +232,30 @@ def test_pod_spec_from_pod_and_deployment() -> None:
     deleting = _pod("decode")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert pod_spec_for(deleting, defaults, Overrides()) is None
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_pod_of_the_example_deployment_gets_a_calibrated_model() -> None:
+    example = yaml.safe_load((REPO / "examples" / "vllm-nixl.yaml").read_text())
+    defaults = defaults_from_deployment(example)
+    assert (defaults.model, defaults.served_model, defaults.engine) == (
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "llama-3.1-70b",
+        "vllm",
+    )
+    spec = pod_spec_for(_pod("prefill"), defaults, Overrides())
+    assert spec is not None
+    assert (spec.choice.gpu, spec.choice.tp, spec.model_name) == ("NVIDIA-H100-80GB-HBM3", 4, "llama-3.1-70b")
+    model = load_step_latency(spec.choice)
+    assert model.tp == 4 and model.kv_capacity_tokens > 0
+
+
+def test_trace_requests_start_at_zero_and_keep_lengths() -> None:
+    trace = REPO.parent / "shared" / "traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+    requests = trace_requests(trace, 50)
+    assert len(requests) == 50
+    assert requests[0].arrival_s == 0.0
+    assert all(b.arrival_s >= a.arrival_s for a, b in itertools.pairwise(requests))
+    assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in requests)

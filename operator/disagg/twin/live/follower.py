@@ -189,12 +189,19 @@ class PodFollower:
         return cast(dict[str, Any], obj)
 
     def _defaults(self) -> Defaults:
+        """The DisaggregatedDeployment's choices; the fallback when it is absent, unreadable or invalid."""
+        from pydantic import ValidationError
+
         try:
             obj = self._read_deployment()
         except Exception:  # no CRD installed yet, or forbidden: run with the fallback
             log.warning("cannot read DisaggregatedDeployment %s/%s", self.namespace, self.deployment)
             return self.fallback
-        return defaults_from_deployment(obj, self.fallback)
+        try:
+            return defaults_from_deployment(obj, self.fallback)
+        except ValidationError as err:
+            log.error("DisaggregatedDeployment %s/%s is invalid: %s", self.namespace, self.deployment, err)
+            return self.fallback
 
     async def run(self) -> None:
         """List, then watch; on every change hand the wanted pods to the pool. Restarts the watch."""

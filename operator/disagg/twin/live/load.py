@@ -10,17 +10,17 @@ reports are divided by it (engine seconds).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
+
+from disagg.twin.traffic import load_trace
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,7 @@ def poisson_requests(
 
 def trace_requests(path: Path, limit: int) -> list[LoadRequest]:
     """The first ``limit`` requests of a trace (Azure CSV, Mooncake JSONL or BurstGPT CSV), from t=0."""
-    traffic: Any = importlib.import_module("disagg.twin.traffic")  # the twin core's trace loaders
-    requests = traffic.load_trace(path)[:limit]
+    requests = load_trace(path)[:limit]
     if not requests:
         raise ValueError(f"trace: {path} has no requests")
     start = requests[0].arrival_s
