@@ -127,7 +127,7 @@ def check_pod(dd: DisaggregatedDeployment, deployment: dict[str, Any]) -> None:
         assert grace >= role_spec.pre_stop_sleep_seconds + role_spec.shutdown_timeout_seconds
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deployments())
 def test_any_valid_spec_renders_structurally_valid_manifests(dd: DisaggregatedDeployment) -> None:
     replicas = effective_replicas(dd)
