@@ -184,6 +184,9 @@ def test_vllm_p2p_nccl_points_at_the_router_proxy() -> None:
         assert config["kv_port"] == "21001"
         extra = config["kv_connector_extra_config"]
         assert (extra["proxy_ip"], extra["proxy_port"], extra["http_port"]) == ("llm-router", "30001", "8000")
+        assert extra["http_ip"] == "$(POD_IP)"  # expanded by the kubelet from the env var below
+        container = engine(children_by_kind_name(dd)[("Deployment", f"llm-{role}")])
+        assert env(container)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert kv_config(dd, "decode")["kv_buffer_size"] == float(8 * 2**30)
     assert build_connector_configmap(dd, "prefill") is None
 

@@ -182,6 +182,8 @@ def vllm_kv_transfer_config(dd: DisaggregatedDeployment, role: RoleName, setting
             {
                 "proxy_ip": child_name(dd.name, "router"),
                 "proxy_port": str(settings.p2p_proxy_port),
+                # The address the instance registers with the proxy; the kubelet expands $(POD_IP).
+                "http_ip": "$(POD_IP)",
                 "http_port": str(settings.vllm_port),
                 "send_type": "PUT_ASYNC",
             }
@@ -229,6 +231,7 @@ def vllm_container(dd: DisaggregatedDeployment, role: RoleName, settings: Render
     elif kv.connector == "lmcache":
         _add_lmcache(container, dd, role, settings)
     elif kv.connector == "p2p-nccl":
+        container.env.append(_pod_ip_env("POD_IP"))
         container.ports.append(_port("p2p-kv", settings.p2p_kv_port))
     return container
 
