@@ -8,8 +8,12 @@ and scrapes them; a scaled-down pod is drained and its endpoint closed.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +21,7 @@ import pytest
 
 from disagg.twin.live.engine import EngineSettings
 from disagg.twin.live.follower import ENDPOINT_ANNOTATION, Defaults, Overrides, PodFollower
+from disagg.twin.live.load import LoadRequest, LoadSettings, run_load
 from disagg.twin.live.pods import PodPool, PoolSettings
 
 
@@ -31,14 +36,15 @@ async def _eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, wha
         await asyncio.sleep(0.2)
 
 
-def _decode_deployment(name: str, replicas: int) -> dict[str, Any]:
+def _decode_deployment(name: str, replicas: int, role: str = "decode") -> dict[str, Any]:
+    """A Deployment shaped like the operator's child for ``role`` of DisaggregatedDeployment ``dd``."""
     labels = {
         "app.kubernetes.io/name": "disagg",
         "app.kubernetes.io/instance": "dd",
-        "app.kubernetes.io/component": "decode",
+        "app.kubernetes.io/component": role,
         "app.kubernetes.io/managed-by": "disagg-operator",
         "app.kubernetes.io/part-of": "disagg",
-        "disagg.dev/role": "decode",
+        "disagg.dev/role": role,
         "disagg.dev/deployment": "dd",
     }
     return {
@@ -47,7 +53,7 @@ def _decode_deployment(name: str, replicas: int) -> dict[str, Any]:
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": {"disagg.dev/deployment": "dd", "disagg.dev/role": "decode"}},
+            "selector": {"matchLabels": {"disagg.dev/deployment": "dd", "disagg.dev/role": role}},
             "template": {
                 "metadata": {
                     "labels": labels,
@@ -171,3 +177,43 @@ def test_prometheus_finds_the_followed_engines_through_kubernetes_sd(
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_twin_serve_follows_a_deployment_and_proxies_through_its_pods(
+    k8s_api: Any, namespace: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The command the demo runs: ``disagg twin serve --kubeconfig K --namespace NS --deployment dd``."""
+    from kubernetes import client
+
+    apps: Any = client.AppsV1Api(k8s_api)
+    apps.create_namespaced_deployment(namespace, _decode_deployment("dd-prefill", 1, role="prefill"))
+    apps.create_namespaced_deployment(namespace, _decode_deployment("dd-decode", 1))
+    endpoints = tmp_path / "endpoints.json"
+    command = [sys.executable, "-m", "disagg", "twin", "serve", "--kubeconfig", str(kubeconfig)]
+    command += ["--namespace", namespace, "--deployment", "dd", "--model", "llama-3.1-8b"]
+    command += ["--time-scale", "0.5", "--startup-delay", "1", "--proxy-port", "0"]
+    command += ["--endpoints-file", str(endpoints), "--duration", "120"]
+    log = (tmp_path / "twin.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    async def scenario() -> None:
+        async def ready() -> dict[str, Any] | None:
+            if process.poll() is not None:
+                pytest.fail(f"disagg twin serve exited: {(tmp_path / 'twin.log').read_text()[-2000:]}")
+            if not endpoints.exists():
+                return None
+            doc: dict[str, Any] = json.loads(endpoints.read_text())
+            roles = sorted(p["role"] for p in doc["pods"].values() if p["state"] == "serving")
+            return doc if doc["proxy"] and roles == ["decode", "prefill"] else None
+
+        doc = await _eventually(ready, 90, "the twin to serve one prefill and one decode pod")
+        report = await run_load([LoadRequest(0.0, 2000, 6)], LoadSettings(doc["proxy"], 1, 60, 0.5))
+        assert report.ok == 1 and report.results[0].tokens == 6
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        process.terminate()
+        code = process.wait(timeout=30)
+        log.close()
+    assert code == 0
