@@ -182,8 +182,7 @@ def build_engine_pod_template(
         template = deep_merge(template, role_spec.pod_template)
         # The selector must keep matching whatever the override did to the labels.
         template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(dd.name, role)}
-    merged: Obj = template
-    return merged
+    return template
 
 
 def build_role_deployment(
