@@ -67,6 +67,7 @@ class ToyPDProxy:
         self.prefill = prefill
         self.decode = decode
         self.settings = settings or ServerSettings()
+        self.attempts = 3
         self.port = 0
         self._counter = itertools.count()
         self._runner: web.AppRunner | None = None
@@ -129,20 +130,35 @@ class ToyPDProxy:
             return error_response(400, "request body must be JSON")
         if not isinstance(body, dict):
             return error_response(400, "request body must be a JSON object")
-        prefill, decode = self._pick(self.prefill), self._pick(self.decode)
-        if prefill is None or decode is None:
-            return error_response(503, "no ready prefill or decode endpoint")
         headers = {"X-Request-Id": request.headers.get("X-Request-Id", f"proxy-{next(self._counter)}")}
-        async with self._session.post(
-            f"http://{prefill}{path}", json=prefill_request(body), headers=headers
-        ) as r:
-            answer = await r.json(content_type=None)
-            if r.status != 200:
-                return web.json_response(answer, status=r.status)
+        answer: Any = None
+        for _ in range(self.attempts):  # a pod removed between pick and post: try the next one
+            prefill = self._pick(self.prefill)
+            if prefill is None:
+                return error_response(503, "no ready prefill endpoint")
+            try:
+                async with self._session.post(
+                    f"http://{prefill}{path}", json=prefill_request(body), headers=headers
+                ) as r:
+                    answer = await r.json(content_type=None)
+                    if r.status != 200:
+                        return web.json_response(answer, status=r.status)
+                break
+            except aiohttp.ClientConnectionError:
+                answer = None
+        if answer is None:
+            return error_response(502, "no prefill endpoint answered")
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if params:
             body = {**body, "kv_transfer_params": params}
-        async with self._session.post(f"http://{decode}{path}", json=body, headers=headers) as upstream:
+        decode = self._pick(self.decode)
+        if decode is None:
+            return error_response(503, "no ready decode endpoint")
+        try:
+            upstream = await self._session.post(f"http://{decode}{path}", json=body, headers=headers)
+        except aiohttp.ClientConnectionError:
+            return error_response(502, f"decode endpoint {decode} did not answer")
+        async with upstream:
             response = web.StreamResponse(
                 status=upstream.status,
                 headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
