@@ -9,9 +9,9 @@ rendered children).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "disagg.dev"
@@ -84,6 +84,18 @@ class ApiModel(BaseModel):
 class EnvVar(ApiModel):
     """One environment variable of a container, as in a Kubernetes container's ``env``."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "env: value and valueFrom are mutually exclusive",
+                    "fieldPath": ".valueFrom",
+                }
+            ]
+        }
+    )
+
     name: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
@@ -98,6 +110,12 @@ class EnvVar(ApiModel):
         description="Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
         "as in a Kubernetes EnvVarSource.",
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: value and valueFrom are mutually exclusive")
+        return self
 
 
 EnvList = Annotated[list[EnvVar], Field(max_length=MAX_ENV)]
