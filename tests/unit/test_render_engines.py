@@ -281,7 +281,7 @@ def test_sglang_router_pd_mode_with_kubernetes_discovery() -> None:
 def test_vllm_router_default_and_override() -> None:
     command = build_router_deployment(make("vllm", "nixl"))["spec"]["template"]["spec"]["containers"][0]
     assert command["image"] == DEFAULT_SETTINGS.vllm_router_image
-    assert command["command"][:2] == ["vllm-router", "--vllm-pd-disaggregation"]
+    assert command["command"][:4] == ["vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl"]
     assert flag(command["command"], "--service-discovery-port") == "8000"
     custom = make(
         "vllm", "nixl", router={"image": "example.com/router:1", "port": 9000, "serviceType": "NodePort"}

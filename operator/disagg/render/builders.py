@@ -35,6 +35,9 @@ from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 
 Obj = dict[str, Any]
 ENGINE_CONTAINER = "engine"
+# Values `vllm-router --kv-connector` accepts for our connectors (vllm-project/router; its Mooncake
+# P/D guide runs `vllm-router --vllm-pd-disaggregation ... --kv-connector mooncake`).
+VLLM_ROUTER_KV_CONNECTORS = ("nixl", "mooncake")
 ROUTER_CONTAINER = "router"
 POD_NAMESPACE_ENV: Obj = {
     "name": "POD_NAMESPACE",
@@ -293,6 +296,9 @@ def router_command(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAU
         head = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
     else:
         head = ["vllm-router", "--vllm-pd-disaggregation"]
+        connector = dd.spec.kv_transfer.connector
+        if connector in VLLM_ROUTER_KV_CONNECTORS:
+            head += ["--kv-connector", connector]
     return [
         *head,
         "--host",
