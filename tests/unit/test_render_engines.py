@@ -145,6 +145,8 @@ def test_vllm_mooncake_bootstrap_on_prefill_only() -> None:
     )
     assert env(prefill)["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998" and ports(prefill)["bootstrap"] == 8998
     assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in env(decode) and "bootstrap" not in ports(decode)
+    annotations = children[("Deployment", "llm-prefill")]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sglang.ai/bootstrap-port"] == "8998"
     headless = children[("Service", "llm-prefill-headless")]
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"http": 8000, "bootstrap": 8998}
 

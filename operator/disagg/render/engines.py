@@ -228,6 +228,9 @@ def vllm_container(dd: DisaggregatedDeployment, role: RoleName, settings: Render
         if role == "prefill":
             container.env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(kv.bootstrap_port)})
             container.ports.append(_port("bootstrap", kv.bootstrap_port))
+            # vllm-router's Kubernetes discovery is the SGLang router's, which reads the prefill
+            # bootstrap port from this annotation.
+            container.annotations[SGLANG_BOOTSTRAP_ANNOTATION] = str(kv.bootstrap_port)
     elif kv.connector == "lmcache":
         _add_lmcache(container, dd, role, settings)
     elif kv.connector == "p2p-nccl":
