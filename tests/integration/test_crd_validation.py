@@ -148,3 +148,50 @@ def test_kubectl_explain_documents_the_fields(crds: list[str], kubeconfig: Path)
     result = wait_for(explain, timeout_s=90, interval_s=1, what="kubectl explain dd.spec.decode")
     for text in ("The decode pool.", "tensorParallelSize", "GPUs per replica", "shutdownTimeoutSeconds"):
         assert text in result.stdout, f"{text!r} missing from kubectl explain:\n{result.stdout}"
+
+
+def test_kubectl_get_shows_the_printer_columns(
+    crds: list[str], k8s_api: Any, kubeconfig: Path, namespace: str
+) -> None:
+    import subprocess
+
+    from disagg.api.deployment import RoleStatus, format_ratio
+    from disagg.cluster.binaries import ensure_binary
+
+    body = yaml.safe_load((ROOT / "examples" / "sglang-nixl.yaml").read_text())
+    name = body["metadata"]["name"]
+    create(k8s_api, namespace, body, dry_run=False)
+    status = {
+        "status": {
+            "prefill": RoleStatus.of(desired=3, replicas=3, ready=2).to_api(),
+            "decode": RoleStatus.of(desired=1, replicas=1, ready=1).to_api(),
+            "ratio": format_ratio(3, 1),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "Starting",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    }
+    custom_api(k8s_api).patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, status)
+    result = subprocess.run(
+        [
+            str(ensure_binary("kubectl")),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "dd",
+            "-n",
+            namespace,
+            "--no-headers",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:7] == [name, "sglang", "nixl", "2/3", "1/1", "3:1", "False"], result.stdout
