@@ -137,6 +137,17 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # the components' servers (Go) set SO_REUSEADDR, so connections in TIME_WAIT do not block them
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def kubeconfig_dict(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> dict[str, Any]:
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
@@ -409,7 +420,7 @@ class LocalCluster:
     def _start(self, binaries: Mapping[str, Path]) -> ClusterInfo:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         pki = generate_pki(self.state_dir / "pki", self.settings.service_ip)
-        etcd_client, etcd_peer, apiserver_port, kwok_port = free_ports(4)
+        etcd_client, etcd_peer, apiserver_port, kwok_port = self._ports()
         server = f"https://127.0.0.1:{apiserver_port}"
         self._write_kubeconfigs(pki, server)
         state = {
@@ -454,6 +465,17 @@ class LocalCluster:
                 lambda: self._ok(client, "/api/v1/namespaces/default/serviceaccounts/default"),
             )
         return info
+
+    def _ports(self) -> list[int]:
+        """The ports of a previous run of this state directory when they are all free again (etcd keeps
+        its peer URL in its data, and a kubeconfig handed out stays valid), else fresh free ports."""
+        previous = (self._read_state() or {}).get("ports", {})
+        names = ("etcd-client", "etcd-peer", "apiserver", "kwok")
+        if all(isinstance(previous.get(n), int) for n in names) and all(
+            _port_free(previous[n]) for n in names
+        ):
+            return [int(previous[n]) for n in names]
+        return free_ports(len(names))
 
     def _write_kubeconfigs(self, pki: Pki, server: str) -> None:
         ca = pki.ca_cert.read_bytes()
