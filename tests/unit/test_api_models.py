@@ -151,3 +151,12 @@ def test_set_condition_keeps_transition_time_unless_status_changes() -> None:
     flipped = set_condition(same, "Ready", "True", "AllReady", "ok", 2, t1)
     assert same[0].last_transition_time == "2026-01-01T00:00:00Z" and same[0].reason == "StillStarting"
     assert flipped[0].last_transition_time == "2026-01-02T00:00:00Z" and len(flipped) == 1
+
+
+def test_status_keys_added_by_other_writers_do_not_make_the_object_unreadable() -> None:
+    doc = merge_patch(
+        minimal(),
+        {"status": {"prefill": {"ready": 1, "note": "x"}, "autoscaling": {"mode": "active", "extra": 1}}},
+    )
+    dd = DisaggregatedDeployment.model_validate(doc)
+    assert dd.status is not None and dd.status.prefill is not None and dd.status.prefill.ready == 1

@@ -613,6 +613,9 @@ class DisaggregatedDeploymentSpec(ApiModel):
 class RoleStatus(ApiModel):
     """Observed state of one pool."""
 
+    # Written by other loops too: a key one of them adds must not make the object unreadable.
+    model_config = ConfigDict(extra="ignore")
+
     replicas: int = Field(default=0, ge=0, description="Pods of the pool that exist.")
     ready: int = Field(default=0, ge=0, description="Pods of the pool that are Ready.")
     desired: int = Field(default=0, ge=0, description="Replicas the operator applied to the pool.")
@@ -633,6 +636,9 @@ def format_ratio(prefill: int, decode: int) -> str:
 class RouterStatus(ApiModel):
     """Observed state of the router."""
 
+    # Written by other loops too: a key one of them adds must not make the object unreadable.
+    model_config = ConfigDict(extra="ignore")
+
     endpoint: str | None = Field(
         default=None,
         max_length=1024,
@@ -645,12 +651,18 @@ class RouterStatus(ApiModel):
 class DesiredReplicas(ApiModel):
     """Replicas per pool the autoscaler wants the reconciler to apply."""
 
+    # Written by other loops too: a key one of them adds must not make the object unreadable.
+    model_config = ConfigDict(extra="ignore")
+
     prefill: int = Field(ge=0, description="Desired prefill replicas.")
     decode: int = Field(ge=0, description="Desired decode replicas.")
 
 
 class ScalingDecision(ApiModel):
     """One decision of the autoscaler."""
+
+    # Written by other loops too: a key one of them adds must not make the object unreadable.
+    model_config = ConfigDict(extra="ignore")
 
     time: str = Field(description="When it was decided (RFC 3339).")
     prefill: int = Field(ge=0, description="Prefill replicas decided.")
@@ -661,6 +673,9 @@ class ScalingDecision(ApiModel):
 
 class AutoscalingStatus(ApiModel):
     """What the autoscaling loop decided (written by it, read by the reconciler)."""
+
+    # Written by other loops too: a key one of them adds must not make the object unreadable.
+    model_config = ConfigDict(extra="ignore")
 
     policy: str | None = Field(default=None, max_length=MAX_NAME_LENGTH, description="The RatioPolicy used.")
     mode: Literal["active", "advisory"] | None = Field(
