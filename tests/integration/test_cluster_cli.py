@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes import config as k8s_config
 
+from disagg.cluster.binaries import ensure_binary
 from disagg.cluster.local import COMPONENTS, LocalCluster
 from disagg.cluster.wait import wait_for
 
@@ -53,7 +54,10 @@ def test_cli_up_is_idempotent_restarts_crashed_components_and_down_cleans_up(sta
     assert up.returncode == 0, up.stderr
     kubeconfig = state_dir / "kubeconfig"
     assert up.stdout.strip() == f"export KUBECONFIG={kubeconfig}"
-    assert _disagg("env", "--state-dir", str(state_dir)).stdout.strip() == f"export KUBECONFIG={kubeconfig}"
+    env_lines = _disagg("env", "--state-dir", str(state_dir)).stdout.splitlines()
+    assert env_lines[0] == f"export KUBECONFIG={kubeconfig}"
+    # the kubectl matching the server comes first on PATH
+    assert env_lines[1].startswith(f"export PATH={ensure_binary('kubectl').parent}{os.pathsep}")
 
     status = _disagg("status", "--state-dir", str(state_dir))
     assert status.returncode == 0, status.stdout

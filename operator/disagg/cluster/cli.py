@@ -1,14 +1,16 @@
-"""``disagg cluster up | down | status | env``: the local control plane from the command line."""
+"""``disagg cluster up | down | status | env | build``: the local control plane from the command line."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from disagg.cluster.binaries import BinaryError
+from disagg.cluster.binaries import COMPONENT_OF, BinaryError, ensure_all
 from disagg.cluster.local import DEFAULT_NODE_POOLS, ClusterError, LocalCluster, NodePool
 
 # GPU type -> the nvidia.com/gpu.product label GPU feature discovery puts on such nodes
@@ -87,6 +89,20 @@ def cmd_env(args: argparse.Namespace) -> int:
         print("disagg cluster env: no cluster state; run `disagg cluster up` first", file=sys.stderr)
         return 1
     print(f"export KUBECONFIG={info.kubeconfig}")
+    path = info.env().get("PATH")
+    if path and path != os.environ.get("PATH"):
+        print(f"export PATH={shlex.quote(path)}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    try:
+        paths = ensure_all(args.programs or None)
+    except BinaryError as exc:
+        print(f"disagg cluster build: {exc}", file=sys.stderr)
+        return 1
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
     return 0
 
 
@@ -109,4 +125,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub.add_parser(
         "status", parents=[common], help="which components run, and how many nodes are Ready"
     ).set_defaults(func=cmd_status)
-    sub.add_parser("env", parents=[common], help="print `export KUBECONFIG=...`").set_defaults(func=cmd_env)
+    sub.add_parser(
+        "env",
+        parents=[common],
+        help="print `export KUBECONFIG=...` and PATH with the matching kubectl and helm",
+    ).set_defaults(func=cmd_env)
+    build = sub.add_parser(
+        "build", help="obtain (build once, then cache) the programs now: all, or those named"
+    )
+    build.add_argument("programs", nargs="*", metavar="PROGRAM", help=", ".join(COMPONENT_OF))
+    build.set_defaults(func=cmd_build)

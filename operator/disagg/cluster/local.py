@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
-from disagg.cluster.binaries import BuildSettings, ensure_binary
+from disagg.cluster.binaries import BuildSettings, cached_path, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
 
@@ -93,8 +93,15 @@ class ClusterInfo:
     client_key: Path
     logs_dir: Path
 
-    def env(self) -> dict[str, str]:
-        return {"KUBECONFIG": str(self.kubeconfig)}
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with KUBECONFIG set and the cached kubectl and
+        helm (versions matching the server) first on PATH."""
+        env = dict(os.environ if base is None else base)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        dirs = [str(path.parent) for name in ("kubectl", "helm") if (path := cached_path(name)) is not None]
+        if dirs:
+            env["PATH"] = os.pathsep.join([*dirs, env.get("PATH", "")])
+        return env
 
 
 @dataclass(frozen=True)
