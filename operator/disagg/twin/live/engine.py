@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -59,6 +60,10 @@ class EngineSettings:
     time_scale: float = 1.0  # wall seconds per engine second
     kv_link: str = "nic"  # the link a remote prefill's KV crosses (passed to kv_transfer_time_s)
     drain_timeout_s: float = 30.0  # engine seconds a removed pod keeps serving its in-flight requests
+    # A step planned within this many wall seconds of the previous step's end continues that timeline:
+    # steps run back to back on absolute deadlines, so the event loop's wake-up lateness (about a
+    # millisecond, i.e. 1/time_scale ms of engine time) is absorbed instead of adding to every step.
+    max_lag_s: float = 0.005
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
@@ -224,6 +229,7 @@ class LiveEngine:
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = time.monotonic()
+        self._last_admit_wall = self._t0
 
     # clock -----------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -310,6 +316,7 @@ class LiveEngine:
         self._live[rid] = request
         if remote is None:
             self.core.admit(request.core, now)
+            self._last_admit_wall = time.monotonic()
             self._work.set()
         else:
             self._start_transfer(request)
@@ -355,33 +362,47 @@ class LiveEngine:
         self.core.admit(request.core, self.now())
         request.core.computed = request.core.prompt
         self.core.outstanding_tokens -= request.core.prompt
+        self._last_admit_wall = time.monotonic()
         self._work.set()
 
     # the step loop ---------------------------------------------------------------------------------
+    def _engine_time(self, wall: float) -> float:
+        return (wall - self._t0) / self.settings.time_scale
+
     async def _loop(self) -> None:
+        deadline = time.monotonic()  # wall time at which the previous step ended (planned)
         while True:
-            step = self.core.plan_step(self.now())
+            wall = time.monotonic()
+            start = deadline if 0.0 <= wall - deadline <= self.settings.max_lag_s else wall
+            start = max(start, self._last_admit_wall)  # never before the work it plans arrived
+            step = self.core.plan_step(self._engine_time(start))
             if step is None:
                 self._report_gauges(0.0)
                 self._work.clear()
                 await self._work.wait()
+                deadline = -math.inf  # idle: the next step starts when it is planned
                 continue
             involved = [self._live[r.rid] for r in self.core.decoding.values() if r.rid in self._live]
             involved += [self._live[r.rid] for r, _ in step.chunks if r.rid in self._live]
-            started = time.monotonic()
             for request in involved:
                 if request.scheduled_at is None:
-                    request.scheduled_at = self.now()
-            await asyncio.sleep(
-                max(0.0, started + step.duration * self.settings.time_scale - time.monotonic())
-            )
+                    request.scheduled_at = self._engine_time(start)
+            deadline = start + step.duration * self.settings.time_scale
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             events = self.core.complete_step(step)
-            self._after_step(involved, events.finished, events.prefill_tokens, step.duration)
+            self._after_step(
+                involved, events.finished, events.prefill_tokens, step.duration, self._engine_time(deadline)
+            )
 
     def _after_step(
-        self, involved: list[LiveRequest], finished: list[SimRequest], prefill_tokens: int, seconds: float
+        self,
+        involved: list[LiveRequest],
+        finished: list[SimRequest],
+        prefill_tokens: int,
+        seconds: float,
+        now: float,
     ) -> None:
-        now = self.now()
+        """Stream what the step produced; ``now`` is the step's planned end (engine seconds)."""
         generated = 0
         for request in involved:
             if request.finish_reason is not None:
