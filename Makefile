@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 DISAGG    := $(BIN)/disagg
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit lint crds demo cluster-up cluster-down bench clean
+.PHONY: venv test unit lint crds golden demo cluster-up cluster-down bench bench-twin clean
 
 $(BIN)/disagg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,8 +29,14 @@ lint: venv
 	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/mypy
 
+## make crds: regenerate crds/ from the API models and copy them into the chart
 crds: venv
 	$(DISAGG) crds
+	sh charts/sync-crds.sh
+
+## make golden: regenerate the golden manifests of every example (review the diff!)
+golden: crds
+	for f in examples/*.yaml; do $(DISAGG) render -f $$f > tests/golden/$$(basename $$f) || exit 1; done
 
 ## make demo: the closed loop on the local control plane (builds the binaries on first use)
 demo: venv
@@ -42,8 +48,14 @@ cluster-up: venv
 cluster-down: venv
 	$(DISAGG) cluster down
 
+## make bench: every benchmark under bench/ (some start a local control plane; minutes)
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+## make bench-twin: the simulator's speed and P/D vs colocated goodput (about 30 s)
+bench-twin: venv
+	$(BIN)/python bench/twin_speed.py
+	$(BIN)/python bench/pd_vs_colocated.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache reports
