@@ -10,15 +10,35 @@ Points (../shared/README.md and the calibration files):
 * vidur (independent H100 profiling): per-layer linear-layer times of Llama-2-70B (same shapes as
   Llama-3.1-70B) against token count and TP, compared with the twin's GEMM interpolation of aiconfigurator.
 * Splitwise, Llama2-70B H100 TP8 (2023 software stack): prompt 1k 78 ms, 8k 845 ms, token ~30 ms.
+* H200, measured here (bench/gpu/results/h200-2026-11-30, bench/gpu/measure_llama_forward.py): one TP
+  shard's forward pass of Llama-3.1-8B TP1 and 70B TP4/TP8. The H200 profile is fitted on a subset
+  (calibrate.H200_FIT) and checked on the held-out rows; and the twin's H100 profile is compared with the
+  H200 measurement (cross-GPU rows: near the HBM ratio where KV reads dominate; not at batch 1, see below).
 
 Calibration, not prediction: the per-step overhead is set from the NIM ITL and the per-request front-end
 overhead from the 1k/4-in-flight TTFT (see disagg.twin.calibrate.RUNTIME); those two rows check the
 calibration. Known misses are strict xfails with the reason, so the table stays honest:
 
-* TTFT at 64 in flight (aiconfigurator): the twin's colocated engine admits a new prompt into the next
-  mixed step, so at these loads (prefill busy 15-50% of the time) it predicts little queueing; the
-  published values imply 2-4 step-times of extra wait that the twin does not model.
+* TTFT at 64 in flight (aiconfigurator): twin 94 ms vs 185 (1k in), 777 vs 1150 (8k in). Not a
+  scheduling error: the colocated engine follows every clause aiconfigurator's validated vLLM queueing
+  model lists (ai-dynamo/aiconfigurator docs/design/queueing_model.md, "Validation": one token budget
+  shared by decodes and prefill chunks, running set first, chunk = min(remaining prompt, remaining
+  budget), admission stops at max_num_seqs or when KV cannot be allocated, LIFO recompute preemption,
+  first token sampled in the pass that completes the prompt), and its TPOT, which is dominated by those
+  mixed passes at 8k in, matches (34.1 vs 34.5 ms). What the published points do not pin down is the
+  clients' phase. Desynchronised clients (first requests at random times; this reproduces the
+  4-in-flight TTFTs, 72 vs 70 and 311 vs 301 ms) rarely collide, so each prompt waits for about one
+  pass. aiconfigurator's own closed-loop semantics dispatch all C clients at t=0 (same doc, "transient
+  window = initial concurrency burst"); with fixed lengths the cohorts then stay locked (its doc:
+  "cohort locking is initial-condition dependent") and the twin gives 667 and 1091 ms after warm-up, but
+  that also gives 145 and 843 ms at 4 in flight, far from the published 70 and 301. The published
+  values lie between the two limits (a test checks the bracket), so the real clients were partly
+  synchronised; the twin keeps the desynchronised default and the miss is an xfail. (The doc's
+  "visibility delay", a replacement request arriving after the next pass is scheduled, is in the twin
+  already: the front-end overhead delays every arrival past the finishing pass.)
 * Splitwise: measured on a 2023 stack about 2x slower than vLLM 0.24 kernels; the twin models today's.
+* H100 prediction vs H200 measurement at batch 1 for 70B TP4/TP8: 1.02 and 0.90 instead of the HBM
+  ratio 1.43, because the measuring script's kernels stream weights far less efficiently than vLLM's.
 * vidur Llama-2-7B at TP 1/4/8: between 256 and 1024 tokens the aiconfigurator GEMMs the twin uses are
   26-29% faster than vidur's profiles (different library versions); the 70B shapes agree within 25%.
 """
@@ -47,10 +67,15 @@ class ClosedLoopPoint:
     tpot_s: float
 
 
-def closed_loop(model: str, tp: int, dtype: str, conc: int, isl: int, osl: int, tpot_guess: float) -> tuple:
+def closed_loop(
+    model: str, tp: int, dtype: str, conc: int, isl: int, osl: int, tpot_guess: float, burst: bool = False
+) -> tuple[float, float]:
+    """Mean TTFT and TPOT after a warm-up third. ``burst``: every client starts at t=0 (aiconfigurator's
+    dispatch semantics) instead of at a seeded random time within one request's duration."""
     dep = SimDeployment(model=model, dtype=dtype, mode="colocated", colocated=PoolSpec(1, tp))
     total = max(3, conc * 8)
-    res = simulate(dep, [], closed_loop=ClosedLoop(conc, isl, osl, total, osl * tpot_guess, True), seed=1)
+    loop = ClosedLoop(conc, isl, osl, total, 0.0 if burst else osl * tpot_guess, not burst)
+    res = simulate(dep, [], closed_loop=loop, seed=1)
     k = total // 3
     return float(np.nanmean(res.ttft[k:])), float(np.nanmean(res.itl_mean[k:]))
 
@@ -62,7 +87,10 @@ AICONFIG = [
     ClosedLoopPoint(8192, 4, 0.301, 0.0102),
     ClosedLoopPoint(8192, 64, 1.150, 0.0345),
 ]
-QUEUEING_MISS = "twin predicts too little prefill queueing at 64 in flight (see module docstring)"
+QUEUEING_MISS = (
+    "client phase: desynchronised clients (the default, which meets the 4-in-flight points) give 94/777 ms "
+    "at 64 in flight against 185/1150 published; see the module docstring and the bracket test"
+)
 
 
 def _rel_err(pred: float, pub: float) -> float:
@@ -92,6 +120,17 @@ def test_aiconfigurator_ttft(point: ClosedLoopPoint) -> None:
     assert _rel_err(ttft, point.ttft_s) <= TOLERANCE, (
         f"TTFT twin {ttft * 1e3:.0f} ms vs {point.ttft_s * 1e3} ms"
     )
+
+
+@pytest.mark.parametrize("point", [p for p in AICONFIG if p.concurrency == 64], ids=lambda p: f"{p.isl}in")
+def test_aiconfigurator_ttft_at_64_lies_between_the_client_phase_limits(point: ClosedLoopPoint) -> None:
+    """The two limits of closed-loop client phase bracket the published TTFT (within the tolerance):
+    desynchronised clients (94 / 777 ms for 1k / 8k in) and all clients dispatched at t=0 with fixed
+    lengths, whose cohorts stay locked (667 / 1091 ms)."""
+    spread, _ = closed_loop("llama-3.1-70b", 8, "fp8", 64, point.isl, 1024, point.tpot_s)
+    locked, _ = closed_loop("llama-3.1-70b", 8, "fp8", 64, point.isl, 1024, point.tpot_s, burst=True)
+    assert spread < locked
+    assert spread * (1 - TOLERANCE) <= point.ttft_s <= locked * (1 + TOLERANCE), (spread, locked)
 
 
 def test_nim_llama33_70b_fp8_tp2_single_request() -> None:
@@ -174,3 +213,86 @@ def test_linear_layers_match_vidur_h100_llama2_7b(tp: int, h100_bf16_gemm: objec
         for n in (1, 16, 64, 256, 1024, 4096)
     }
     assert max(errors.values()) <= TOLERANCE, errors
+
+
+# --- H200: measured forward passes (bench/gpu/results/h200-2026-11-30) ------------------------------------
+H200_CONFIGS = [("llama-3.1-8b", 1), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8)]
+# source: NVIDIA H100 SXM (3.35 TB/s) and H200 (4.8 TB/s) datasheets, as in profiles/gpus.yaml.
+HBM_RATIO_H200_H100 = 4.8 / 3.35
+
+
+def _h200_rows(model: str, tp: int) -> list:  # type: ignore[type-arg]
+    from disagg.twin.calibrate import DEFAULT_H200_CSV, read_forward_csv
+
+    return [r for r in read_forward_csv(DEFAULT_H200_CSV) if r.model == model and r.tp == tp]
+
+
+def _shard_prediction_ms(model: object, row: object) -> float:
+    from disagg.twin.calibrate import ForwardRow
+    from disagg.twin.latency import LatencyModel
+
+    assert isinstance(model, LatencyModel) and isinstance(row, ForwardRow)
+    if row.phase == "prefill":
+        return 1e3 * model.shard_forward_time_s(row.tokens, float(row.tokens**2))
+    return 1e3 * model.shard_forward_time_s(row.batch, 0.0, row.batch * row.context)
+
+
+@pytest.mark.parametrize(("model", "tp"), H200_CONFIGS)
+def test_h200_profile_predicts_held_out_measurements(model: str, tp: int) -> None:
+    """Fit on H200_FIT's rows (decode contexts 512/8192, prompts 1k/4k/16k), check every other row.
+
+    Eager-mode prefill of short prompts is launch-bound on the measuring machine (vLLM runs CUDA graphs), so
+    those rows are left out on purpose: calibrate.launch_bound() names them."""
+    from disagg.twin.calibrate import H200_FIT, launch_bound
+
+    rows = _h200_rows(model, tp)
+    bound = launch_bound(rows)
+    held_out = [
+        r
+        for r in rows
+        if (r.phase == "decode" and r.context not in H200_FIT.decode_contexts)
+        or (r.phase == "prefill" and r.tokens not in H200_FIT.prefill_tokens and r.tokens not in bound)
+    ]
+    assert len(held_out) >= 7, held_out
+    m = load_latency_model(model, "h200", tp)
+    errors = {
+        (r.phase, r.batch, r.tokens, r.context): _rel_err(_shard_prediction_ms(m, r), r.ms) for r in held_out
+    }
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
+@pytest.mark.parametrize(("model", "tp"), H200_CONFIGS)
+def test_h100_prediction_vs_h200_measurement_kv_bound_decode(model: str, tp: int) -> None:
+    """Cross-GPU: where decode reads mostly KV (B*C >= 1M tokens), the twin's H100 step over the measured
+    H200 step is about the HBM bandwidth ratio 4.8/3.35 = 1.43 (measured 1.35-1.74)."""
+    h100 = load_latency_model(model, "h100", tp)
+    rows = [r for r in _h200_rows(model, tp) if r.phase == "decode" and r.batch * r.context >= 2**20]
+    assert rows
+    ratios = {(r.batch, r.context): _shard_prediction_ms(h100, r) / r.ms for r in rows}
+    assert all(_rel_err(x, HBM_RATIO_H200_H100) <= TOLERANCE for x in ratios.values()), ratios
+
+
+WEIGHT_BOUND_MISS = (
+    "at batch 1 the measured PyTorch forward streams the weights at ~53% of the H200's HBM peak (14 GB in "
+    "5.5 ms for Llama-3.1-8B) while vLLM's GEMMs in aiconfigurator's H100 tables reach ~83% of the H100's; "
+    "70B TP8 streams 17 GB in 10.4 ms (~34%), likely the gaps between the script's ~2000 small kernels a "
+    "step; so the H100/H200 ratio is 1.02 (TP4) and 0.90 (TP8), not 1.43: a kernel difference, not a GPU one"
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "tp"),
+    [
+        pytest.param(m, tp, marks=pytest.mark.xfail(strict=True, reason=WEIGHT_BOUND_MISS))
+        if tp > 1
+        else (m, tp)
+        for m, tp in H200_CONFIGS
+    ],
+)
+def test_h100_prediction_vs_h200_measurement_weight_bound_decode(model: str, tp: int) -> None:
+    """Cross-GPU at batch 1 (weight reads dominate): the HBM ratio would predict 1.43; measured 1.08-1.10 for
+    Llama-3.1-8B TP1 (inside the tolerance), 1.02 and 0.90 for 70B TP4/TP8 (xfail, see the reason)."""
+    h100 = load_latency_model(model, "h100", tp)
+    rows = [r for r in _h200_rows(model, tp) if r.phase == "decode" and r.batch == 1]
+    ratios = {r.context: _shard_prediction_ms(h100, r) / r.ms for r in rows}
+    assert all(_rel_err(x, HBM_RATIO_H200_H100) <= TOLERANCE for x in ratios.values()), ratios

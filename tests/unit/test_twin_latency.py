@@ -66,7 +66,7 @@ def test_kv_transfer_is_setup_plus_bytes_over_bandwidth() -> None:
 )
 def test_bad_profile_names_the_field(args: tuple[object, ...], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}"):
-        load_latency_model(*args)  # type: ignore[arg-type]
+        load_latency_model(*args)
 
 
 def test_aliases_resolve_hugging_face_ids() -> None:
@@ -105,3 +105,16 @@ def test_shipped_coefficients_are_reproducible_from_the_calibration_data(tmp_pat
         / "coefficients.yaml"
     )
     assert yaml.safe_load(out.read_text()) == yaml.safe_load(shipped.read_text())
+
+
+def test_h200_profile_is_measured_and_holds_more_kv_than_h100() -> None:
+    h200 = load_latency_model("llama-3.1-8b", "NVIDIA-H200", 1)
+    h100 = load_latency_model("llama-3.1-8b", "h100", 1)
+    assert h200.gpu.name == "h200" and "MEASURED" in h200.source and h200.overhead_factor == 1.0
+    # 141 GB against 80 GB: more than twice the KV after the same 16 GB of weights.
+    assert h200.kv_capacity_tokens > 2 * h100.kv_capacity_tokens
+    # Reading 256 x 8192 tokens of KV is HBM-bound: the 4.8 TB/s part is faster.
+    assert h200.decode_step_time_s(256, 256 * 8192) < h100.decode_step_time_s(256, 256 * 8192)
+    # Only the measured shapes exist; the error lists them.
+    with pytest.raises(ValueError, match=r"^tp/dtype: .*llama-3.1-8b/h200/tp1/bf16"):
+        load_latency_model("llama-3.1-8b", "h200", 2)

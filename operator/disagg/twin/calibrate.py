@@ -22,6 +22,17 @@ from the inputs. Sources (all under ``../shared/calibration``):
   the H100 fits scaled by datasheet ratios (attention prefill by BF16 TFLOPS, decode by HBM bandwidth,
   all-reduce by NVLink bandwidth) and are marked as such.
 * L40S: the H100 coefficients scaled by datasheet ratios (see profiles/gpus.yaml), clearly marked.
+* H200: measured whole forward passes of one TP shard (bench/gpu/results/h200-2026-11-30/llama_forward.csv,
+  written by bench/gpu/measure_llama_forward.py on a lent NVIDIA H200: torch 2.11, bf16, random weights,
+  CUDA graphs for decode, eager prefill, no all-reduce). Decode rows ``(B, C)`` are fitted as
+  ``I_B + g * B * C`` (one intercept per batch, one attention slope); prefill rows as
+  ``a + b * L + c * L**2`` with ``c`` the H100 prefill-attention fit (the H200 has the H100's compute). Eager
+  prefill of short prompts is bound by Python kernel launches (~10 ms for 32 layers, ~28 ms for 80), not by
+  the GPU, so prefill rows under 1.5x the configuration's shortest-prompt time are excluded; vLLM captures
+  CUDA graphs and does not pay that floor. Only the rows in ``H200_FIT`` are used; the rest are held out
+  for tests/unit/test_twin_fidelity.py. All-reduce comes from the H100 custom all-reduce table (same
+  NVLink 900 GB/s); lm_head from the H100 GEMM scaled by HBM bandwidth below 64 tokens. The measured
+  forward already contains norms, rope and activations, so these entries carry ``overhead_factor: 1.0``.
 
 The kernel sums omit norms, rope, activations, sampling and CPU overhead; measured end-to-end step times
 run about 20-30% above them (../shared/README.md, aiconfigurator section), which the runtime section of
@@ -44,6 +55,14 @@ import yaml
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / ".." / "shared" / "calibration"
+DEFAULT_H200_CSV = (
+    Path(__file__).resolve().parents[3]
+    / "bench"
+    / "gpu"
+    / "results"
+    / "h200-2026-11-30"
+    / "llama_forward.csv"
+)
 M_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 TPS: tuple[int, ...] = (1, 2, 4, 8)
 VIDUR_LAYER_OPS: tuple[str, ...] = (
@@ -73,6 +92,31 @@ RUNTIME: dict[str, float] = {
     "activation_reserve_gib": 4.0,
     "gpu_memory_utilization": 0.9,
 }
+
+
+@dataclass(frozen=True)
+class H200Split:
+    """Which measured H200 rows calibrate the profile; the others are held out for the fidelity test."""
+
+    decode_contexts: tuple[int, ...] = (512, 8192)
+    prefill_tokens: tuple[int, ...] = (1024, 4096, 16384)
+    launch_bound_ratio: float = 1.5  # prefill rows under this x the shortest prompt's time are launch-bound
+
+
+H200_FIT = H200Split()
+
+
+@dataclass(frozen=True)
+class ForwardRow:
+    """One row of measure_llama_forward.py's CSV (ms for one forward pass of one TP shard)."""
+
+    model: str
+    tp: int
+    phase: str
+    batch: int
+    tokens: int
+    context: int
+    ms: float
 
 
 @dataclass(frozen=True)
@@ -246,8 +290,9 @@ def h100_entry(cal: Path, a: Arch, tp: int, dtype: str, cache: dict[str, Any]) -
     gemm: GemmTable = cache["gemm"]["fp8" if dtype == "fp8" else "bfloat16"]
     ar: AllReduceTable = cache["ar"]
     heads, kvh = a.heads // tp, max(1, a.kv_heads // tp)
+    allreduce_ms = [a.layers * 2 * ar.latency(tp, m * a.hidden) for m in M_GRID]
     layers_ms = [
-        a.layers * (linear_layers_ms(gemm, a, tp, m) + 2 * ar.latency(tp, m * a.hidden)) for m in M_GRID
+        a.layers * linear_layers_ms(gemm, a, tp, m) + r for m, r in zip(M_GRID, allreduce_ms, strict=True)
     ]
     lm_head_ms = [gemm.latency(m, a.vocab // tp, a.hidden) for m in M_GRID]
     ca, cc = fit_context_attention(cache["ctx"], heads, kvh, a.head_dim)
@@ -256,6 +301,7 @@ def h100_entry(cal: Path, a: Arch, tp: int, dtype: str, cache: dict[str, Any]) -
         "source": "aiconfigurator/h100_sxm vLLM 0.24 kernel tables (gemm, context/generation attention, "
         "custom all-reduce); see disagg.twin.calibrate",
         "layers_ms": [round(x, 5) for x in layers_ms],
+        "allreduce_ms": [round(x, 5) for x in allreduce_ms],
         "lm_head_ms": [round(x, 5) for x in lm_head_ms],
         "ctx_attn_ms": [a.layers * ca, a.layers * cc],
         "gen_attn_ms": [a.layers * ga, a.layers * gg],
@@ -310,8 +356,101 @@ def a100_entry(
     }
 
 
-def calibrate(cal: Path) -> dict[str, Any]:
+def read_forward_csv(path: Path) -> list[ForwardRow]:
+    with path.open() as f:
+        return [
+            ForwardRow(
+                r["model"],
+                int(r["tp"]),
+                r["phase"],
+                int(r["batch"]),
+                int(r["tokens"]),
+                int(r["context"]),
+                float(r["ms"]),
+            )
+            for r in csv.DictReader(f)
+        ]
+
+
+def launch_bound(rows: list[ForwardRow], split: H200Split = H200_FIT) -> set[int]:
+    """Prefill lengths whose eager-mode time is within ``launch_bound_ratio`` of the shortest prompt's."""
+    prefill = [r for r in rows if r.phase == "prefill"]
+    floor = min(r.ms for r in prefill)
+    return {r.tokens for r in prefill if r.ms < split.launch_bound_ratio * floor}
+
+
+def fit_decode_rows(rows: list[ForwardRow]) -> tuple[dict[int, float], float]:
+    """Decode rows -> (intercept per batch size, attention slope per context token): ms = I_B + g*B*C."""
+    batches = sorted({r.batch for r in rows})
+    design = np.zeros((len(rows), len(batches) + 1))
+    for i, r in enumerate(rows):
+        design[i, batches.index(r.batch)] = 1.0
+        design[i, -1] = r.batch * r.context
+    y = np.array([r.ms for r in rows])
+    w = 1.0 / y  # relative error
+    coef, *_ = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)
+    return {b: float(coef[i]) for i, b in enumerate(batches)}, max(float(coef[-1]), 0.0)
+
+
+def fit_prefill_rows(rows: list[ForwardRow], attn_c: float) -> tuple[float, float]:
+    """Prefill rows (one prompt of L tokens) minus the attention c*L^2 -> linear part a + b*L (ms)."""
+    x = np.array([float(r.tokens) for r in rows])
+    y = np.array([r.ms - attn_c * r.tokens**2 for r in rows])
+    w = 1.0 / np.array([r.ms for r in rows])
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    coef, *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    return float(coef[0]), float(coef[1])
+
+
+def measured_layers_ms(
+    decode_intercepts: dict[int, float], prefill_ab: tuple[float, float], first_prefill: int
+) -> list[float]:
+    """Per-step linear part on M_GRID: decode intercepts up to the largest batch, the prefill line from the
+    first compute-bound prompt length on, linear interpolation in between."""
+    bs = sorted(decode_intercepts)
+    a, b = prefill_ab
+    xs = [float(x) for x in bs] + [float(first_prefill)]
+    ys = [decode_intercepts[x] for x in bs] + [a + b * first_prefill]
+    return [float(np.interp(m, xs, ys)) if m < first_prefill else a + b * m for m in M_GRID]
+
+
+def h200_entry(
+    rows: list[ForwardRow], a: Arch, tp: int, h100: dict[str, Any], gpus: dict[str, Any], ar: AllReduceTable
+) -> dict[str, Any]:
+    split = H200_FIT
+    bound = launch_bound(rows, split)
+    decode = [r for r in rows if r.phase == "decode" and r.context in split.decode_contexts]
+    prefill = [
+        r for r in rows if r.phase == "prefill" and r.tokens in split.prefill_tokens and r.tokens not in bound
+    ]
+    if not decode or len(prefill) < 2:
+        raise ValueError(
+            f"h200 tp{tp}: not enough measured rows to fit (decode {len(decode)}, prefill {len(prefill)})"
+        )
+    intercepts, g = fit_decode_rows(decode)
+    c = h100["ctx_attn_ms"][1]  # same tensor-core throughput as H100 (datasheet), so the same attention
+    ab = fit_prefill_rows(prefill, c)
+    shard = measured_layers_ms(intercepts, ab, min(r.tokens for r in prefill))
+    allreduce = [a.layers * 2 * ar.latency(tp, m * a.hidden) for m in M_GRID]
+    hbm = gpus["h100"]["hbm_tbps"] / gpus["h200"]["hbm_tbps"]
+    return {
+        "source": "MEASURED bench/gpu/results/h200-2026-11-30/llama_forward.csv (torch 2.11 forward of one "
+        "TP shard; rows in disagg.twin.calibrate.H200_FIT); all-reduce: aiconfigurator h100_sxm custom "
+        "all-reduce (same NVLink); lm_head: H100 GEMM x HBM ratio; prefill attention: H100 fit",
+        "overhead_factor": 1.0,
+        "layers_ms": [round(x + y, 5) for x, y in zip(shard, allreduce, strict=True)],
+        "allreduce_ms": [round(y, 5) for y in allreduce],
+        "lm_head_ms": [
+            round(x * hbm if m <= 64 else x, 5) for m, x in zip(M_GRID, h100["lm_head_ms"], strict=True)
+        ],
+        "ctx_attn_ms": [0.0, c],
+        "gen_attn_ms": [0.0, g],
+    }
+
+
+def calibrate(cal: Path, h200_csv: Path = DEFAULT_H200_CSV) -> dict[str, Any]:
     archs, gpus = load_archs(), load_gpus()
+    h200_rows = read_forward_csv(h200_csv) if h200_csv.is_file() else []
     cache: dict[str, Any] = {}
     entries: dict[str, Any] = {}
     for name, a in archs.items():
@@ -328,6 +467,11 @@ def calibrate(cal: Path) -> dict[str, Any]:
                     entries[f"{name}/l40s/tp{tp}/{dtype}"] = scaled_entry(
                         h100, gpus["l40s"], gpus["h100"], dtype
                     )
+                measured = [r for r in h200_rows if r.model == name and r.tp == tp]
+                if dtype == "bf16" and measured:
+                    entries[f"{name}/h200/tp{tp}/{dtype}"] = h200_entry(
+                        measured, a, tp, h100, gpus, cache["ar"]
+                    )
     return {"m_grid": list(M_GRID), "runtime": dict(RUNTIME), "profiles": entries}
 
 
@@ -335,8 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calibration", type=Path, default=DEFAULT_CALIBRATION)
     parser.add_argument("--out", type=Path, default=PROFILES_DIR / "coefficients.yaml")
+    parser.add_argument(
+        "--h200-csv", type=Path, default=DEFAULT_H200_CSV, help="measured H200 forward passes"
+    )
     args = parser.parse_args(argv)
-    data = calibrate(args.calibration.resolve())
+    data = calibrate(args.calibration.resolve(), args.h200_csv)
     header = (
         "# GENERATED by `python -m disagg.twin.calibrate` from ../shared/calibration; do not edit by hand.\n"
         "# Units: ms per step for the whole model on one GPU of the TP group. layers_ms/lm_head_ms are\n"

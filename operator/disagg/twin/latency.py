@@ -112,9 +112,13 @@ class LatencyModel:
         self.kv_dtype = kv_dtype
         self.runtime = runtime
         self.source: str = coefficients["source"]
-        f = runtime.overhead_factor
+        # Entries from measured whole forward passes already include norms/rope/activations (factor 1.0).
+        f = float(coefficients.get("overhead_factor", runtime.overhead_factor))
+        self.overhead_factor = f
         self._grid = [float(m) for m in m_grid]
         self._layers = [f * x / 1000 for x in coefficients["layers_ms"]]
+        allreduce = coefficients.get("allreduce_ms")
+        self._allreduce = None if allreduce is None else [f * x / 1000 for x in allreduce]
         self._lm_head = [f * x / 1000 for x in coefficients["lm_head_ms"]]
         self._ctx_a = float(f * coefficients["ctx_attn_ms"][0] / 1000)
         self._ctx_c = float(f * coefficients["ctx_attn_ms"][1] / 1000)
@@ -167,6 +171,24 @@ class LatencyModel:
         if decode_seqs > 0:
             t += self._gen_a + self._gen_g * decode_context_tokens
         return t + self._fixed
+
+    def shard_forward_time_s(
+        self, num_tokens: int, prefill_attn_work: float = 0.0, decode_context_tokens: int = 0
+    ) -> float:
+        """One TP shard's forward pass without all-reduce, lm_head, sampling or scheduler overhead: the
+        quantity bench/gpu/measure_llama_forward.py measures, for comparing the model with a GPU."""
+        if num_tokens <= 0:
+            return 0.0
+        t = self._interp(self._layers, num_tokens)
+        if self._allreduce is not None:
+            t -= self._interp(self._allreduce, num_tokens)
+        elif self.tp > 1:
+            raise ValueError(f"{self!r}: profile has no allreduce_ms to separate the all-reduce")
+        if prefill_attn_work > 0:
+            t += self._ctx_a + self._ctx_c * prefill_attn_work
+        if decode_context_tokens > 0:
+            t += self._gen_a + self._gen_g * decode_context_tokens
+        return t
 
     def prefill_time_s(self, prompt_lens: Sequence[int]) -> float:
         """One step that prefills these whole prompts together."""
