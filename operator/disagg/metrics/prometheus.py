@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_api_client import PrometheusConnect
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import Timeout
+from urllib3.util.retry import Retry
 
 from disagg.metrics.queries import TARGET_LABELS, Engine, QuerySet, TargetLabels, build_queries
 from disagg.policy.types import MISSING, Measured, Observation, RoleObservation, SignalState
@@ -78,18 +81,31 @@ class PrometheusSignals:
     timeout_s: float = 5.0
     labels: TargetLabels = TARGET_LABELS
 
+    retries: int = 1
+
     def client(self) -> PrometheusConnect:
-        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=self.timeout_s)
+        retry = Retry(total=self.retries, backoff_factor=0.2, status_forcelist=(502, 503, 504))
+        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=self.timeout_s, retry=retry)
 
     def run(self, queries: QuerySet, client: PrometheusConnect | None = None) -> Signals:
-        """Run every query; failures become MISSING with the error kept."""
+        """Run every query; failures become MISSING with the error kept. An unreachable Prometheus fails
+        the rest at once rather than waiting out every query's timeout."""
         prom = client or self.client()
         values: dict[str, Measured] = {}
         errors: dict[str, str] = {}
+        unreachable: str | None = None
         for name, promql in queries.queries.items():
+            if unreachable is not None:
+                values[name] = Measured.missing(SignalState.MISSING)
+                errors[name] = unreachable
+                continue
             try:
                 values[name] = measured_from_result(prom.custom_query(promql))
-            except Exception as exc:
+            except (RequestsConnectionError, Timeout) as exc:
+                unreachable = f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {exc}"
+                values[name] = Measured.missing(SignalState.MISSING)
+                errors[name] = unreachable
+            except Exception as exc:  # any other failure of one query is that signal missing
                 values[name] = Measured.missing(SignalState.MISSING)
                 errors[name] = f"{type(exc).__name__}: {exc}"
         return Signals(values, errors)

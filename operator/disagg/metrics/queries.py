@@ -34,7 +34,10 @@ Metric names (sources):
   docs/references/production_metrics.md. SGLang has no prefill-time histogram; the prefill pool's
   compute time is its TTFT less its queue time.
 
-Where an engine version renamed a metric, the query tries the names in order with PromQL ``or``.
+Where an engine version renamed a metric, the query tries the names in order with PromQL ``or``. Each
+``engine:name`` is also tried as ``engine_name``: prometheus_client (which vLLM and SGLang use) writes
+the colon as an underscore in its OpenMetrics exposition, the format Prometheus asks for first, so the
+same metric can be stored either way (observed with prometheus_client 0.26 and Prometheus 2.42).
 """
 
 from __future__ import annotations
@@ -136,6 +139,12 @@ def _window(seconds: int) -> str:
     return f"{seconds}s"
 
 
+def spellings(names: Sequence[str]) -> list[str]:
+    """The names as given, then their OpenMetrics-escaped spellings (``:`` -> ``_``)."""
+    escaped = [n.replace(":", "_") for n in names if ":" in n]
+    return [*names, *(e for e in escaped if e not in names)]
+
+
 def _alternatives(parts: Sequence[str]) -> str:
     if not parts:
         raise ValueError("no metric name to query")
@@ -148,33 +157,38 @@ def histogram_quantile(names: Sequence[str], quantile: float, sel: str, window_s
         raise ValueError(f"quantile must be in (0, 1), got {quantile}")
     w = _window(window_s)
     return _alternatives(
-        [f"histogram_quantile({quantile:g}, sum by (le) (rate({n}_bucket{sel}[{w}])))" for n in names]
+        [
+            f"histogram_quantile({quantile:g}, sum by (le) (rate({n}_bucket{sel}[{w}])))"
+            for n in spellings(names)
+        ]
     )
 
 
 def histogram_mean(names: Sequence[str], sel: str, window_s: int) -> str:
     """The mean observation of a histogram over the pool (NaN when nothing was observed)."""
     w = _window(window_s)
-    return _alternatives([f"sum(rate({n}_sum{sel}[{w}])) / sum(rate({n}_count{sel}[{w}]))" for n in names])
+    return _alternatives(
+        [f"sum(rate({n}_sum{sel}[{w}])) / sum(rate({n}_count{sel}[{w}]))" for n in spellings(names)]
+    )
 
 
 def counter_rate(names: Sequence[str], sel: str, window_s: int) -> str:
     """Per-second rate of a counter summed over the pool."""
     w = _window(window_s)
-    return _alternatives([f"sum(rate({n}{sel}[{w}]))" for n in names])
+    return _alternatives([f"sum(rate({n}{sel}[{w}]))" for n in spellings(names)])
 
 
 def gauge_sum(names: Sequence[str], sel: str) -> str:
-    return _alternatives([f"sum({n}{sel})" for n in names])
+    return _alternatives([f"sum({n}{sel})" for n in spellings(names)])
 
 
 def gauge_avg(names: Sequence[str], sel: str) -> str:
-    return _alternatives([f"avg({n}{sel})" for n in names])
+    return _alternatives([f"avg({n}{sel})" for n in spellings(names)])
 
 
 def sample_age(names: Sequence[str], sel: str) -> str:
     """Seconds since the newest sample of a gauge in the pool (for staleness)."""
-    return _alternatives([f"time() - max(timestamp({n}{sel}))" for n in names])
+    return _alternatives([f"time() - max(timestamp({n}{sel}))" for n in spellings(names)])
 
 
 @dataclass(frozen=True)

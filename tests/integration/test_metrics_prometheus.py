@@ -1,0 +1,154 @@
+"""The Prometheus adapter against a real Prometheus scraping vLLM-named metrics served on 127.0.0.1.
+
+Two expositions stand for a prefill and a decode engine pod; the scrape job attaches the target labels
+the relabelling would attach to such pods (namespace, pod, disagg_deployment, disagg_role).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+
+from disagg.metrics.prometheus import PrometheusSignals
+from disagg.policy.types import Observation, RoleObservation, SignalState
+
+LATENCY_BUCKETS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 2.0, 5.0)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+POOLS = {"prefill": RoleObservation(replicas=1, ready=1), "decode": RoleObservation(replicas=1, ready=1)}
+
+
+class Engine:
+    """A few vLLM metrics in a private registry, served over HTTP on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        # names: vllm-project/vllm docs/design/metrics.md
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "ITL", buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds", "queue", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.prefill = Histogram(
+            "vllm:request_prefill_time_seconds", "prefill", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.prompt = Histogram("vllm:request_prompt_tokens", "prompt", buckets=TOKEN_BUCKETS, registry=r)
+        self.output = Histogram("vllm:request_generation_tokens", "output", buckets=TOKEN_BUCKETS, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", registry=r)
+        self.running = Gauge("vllm:num_requests_running", "running", registry=r)
+        server, thread = start_http_server(0, addr="127.0.0.1", registry=r)
+        self.server, self.thread = server, thread
+        self.port = int(server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def engines() -> Iterator[dict[str, Engine]]:
+    pair = {"prefill": Engine(), "decode": Engine()}
+    try:
+        yield pair
+    finally:
+        for e in pair.values():
+            e.close()
+
+
+def scrape_config(engines: dict[str, Engine]) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "engines",
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{e.port}"],
+                        "labels": {
+                            "namespace": "prod",
+                            "pod": f"llama-{role}-0",
+                            "disagg_deployment": "llama",
+                            "disagg_role": role,
+                        },
+                    }
+                    for role, e in engines.items()
+                ],
+            }
+        ],
+    }
+
+
+def poll(
+    fn: Callable[[], Observation], done: Callable[[Observation], bool], timeout_s: float = 60.0
+) -> Observation:
+    deadline = time.monotonic() + timeout_s
+    obs = fn()
+    while not done(obs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        obs = fn()
+    return obs
+
+
+def test_quantiles_come_out_and_absent_series_are_missing(
+    prometheus_factory: Callable[[dict[str, Any]], Any], engines: dict[str, Engine]
+) -> None:
+    prom = prometheus_factory(scrape_config(engines))
+    signals = PrometheusSignals(prom.url)
+
+    def observe(deployment: str = "llama") -> Observation:
+        obs, _ = signals.observe("vllm", "prod", deployment, POOLS, 90, 90, 60, now=time.time())
+        return obs
+
+    # both targets scraped once with empty histograms: nothing observed yet, so no quantile at all
+    first = poll(observe, lambda o: o.prefill.queue_depth.ok and o.decode.running.ok)
+    assert first.prefill.queue_depth.value == 0.0  # a gauge that exists and is 0 is a real 0
+    assert first.ttft.state is not SignalState.OK
+
+    p, d = engines["prefill"], engines["decode"]
+    for i in range(100):
+        p.ttft.observe(0.25 + 0.001 * i)  # prefill side: 0.25..0.35 s
+        p.queue.observe(0.05)
+        p.prefill.observe(0.2)
+        p.prompt.observe(900)
+        d.ttft.observe(0.04)  # decode side: KV transfer + first step
+        d.itl.observe(0.025)
+        d.output.observe(200)
+    p.waiting.set(3)
+    d.running.set(42)
+
+    obs = poll(observe, lambda o: o.ttft.ok and o.itl.ok and o.decode.running.value == 42)
+    # user TTFT = prefill-side p90 (in the 0.3-0.4 bucket) + decode-side p90 (in the 0.03-0.05 bucket)
+    assert obs.ttft.value is not None and 0.33 <= obs.ttft.value <= 0.45
+    assert obs.itl.value is not None and 0.02 <= obs.itl.value <= 0.03
+    assert obs.prefill.queue_time.value is not None and 0.03 <= obs.prefill.queue_time.value <= 0.05
+    assert obs.prefill.compute_time.value is not None and 0.1 <= obs.prefill.compute_time.value <= 0.2
+    assert obs.prompt_tokens_mean.value == pytest.approx(900)
+    assert obs.output_tokens_mean.value == pytest.approx(200)
+    assert obs.prefill.queue_depth.value == 3.0 and obs.decode.running.value == 42.0
+    # never exposed by these engines: MISSING, not 0
+    assert obs.decode.kv_usage.state is SignalState.MISSING
+    assert obs.request_rate.state is SignalState.MISSING  # no vllm:request_success_total here
+    # exposed but never observed in the window: a quantile over nothing is NaN
+    assert obs.decode.queue_time.state is SignalState.NAN
+
+    # a deployment Prometheus has never seen: everything MISSING, nothing zero
+    other = observe("no-such-deployment")
+    for m in (
+        other.ttft,
+        other.itl,
+        other.prompt_tokens_mean,
+        other.prefill.queue_depth,
+        other.decode.running,
+    ):
+        assert m.state is SignalState.MISSING and m.value is None
+
+
+def test_unreachable_prometheus_is_missing_with_the_error_kept() -> None:
+    signals = PrometheusSignals("http://127.0.0.1:9", timeout_s=1.0)
+    obs, raw = signals.observe("vllm", "prod", "llama", POOLS, 90, 90, 60, now=0.0)
+    assert obs.ttft.state is SignalState.MISSING and obs.decode.running.state is SignalState.MISSING
+    assert raw.errors and all("Error" in e or "error" in e for e in raw.errors.values())
