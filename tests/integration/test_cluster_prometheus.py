@@ -106,7 +106,7 @@ def test_prometheus_discovers_annotated_pods_through_the_apiserver(
     assert len(samples) == 1
     labels = samples[0]["metric"]
     assert labels["pod"] == "decode-0"
-    assert labels["role"] == "decode"
+    assert labels["disagg_role"] == "decode"
     assert labels["disagg_deployment"] == "llama"
     assert float(samples[0]["value"][1]) == 3.0
     pods_seen = {t["labels"].get("pod") for t in prom.active_targets()}

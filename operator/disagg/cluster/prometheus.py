@@ -186,7 +186,7 @@ def kubernetes_pod_sd_config(
     Keeps Running pods annotated ``prometheus.io/scrape: "true"`` (one target per pod: the container port
     named ``http`` or a pod without declared ports), scrapes ``prometheus.io/path`` at the pod IP and
     ``prometheus.io/port`` (or at ``disagg.dev/scrape-address`` when set), and labels the series with
-    ``namespace``, ``pod``, ``role`` (disagg.dev/role) and ``disagg_deployment`` (disagg.dev/deployment).
+    ``namespace``, ``pod``, ``disagg_role`` (disagg.dev/role), ``disagg_deployment`` (disagg.dev/deployment).
     """
     # Relabelling semantics per https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config
     relabel: list[dict[str, Any]] = [
@@ -213,7 +213,8 @@ def kubernetes_pod_sd_config(
         },
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-        {"source_labels": [_meta_label("disagg.dev/role")], "target_label": "role"},
+        # label names as disagg.metrics.queries.TargetLabels selects on
+        {"source_labels": [_meta_label("disagg.dev/role")], "target_label": "disagg_role"},
         {"source_labels": [_meta_label("disagg.dev/deployment")], "target_label": "disagg_deployment"},
     ]
     config: dict[str, Any] = {
