@@ -82,11 +82,12 @@ def test_cli_up_is_idempotent_restarts_crashed_components_and_down_cleans_up(sta
         os.kill(first_pids["kube-apiserver"], signal.SIGKILL)
         wait_for(lambda: not _alive(first_pids["kube-apiserver"]), what="the apiserver to die")
         assert _disagg("status", "--state-dir", str(state_dir)).returncode == 1
-        again = _disagg("up", "--state-dir", str(state_dir), "--nodes", "h100=1x8,l40s=1x4")
+        again = _disagg("up", "--state-dir", str(state_dir))  # the node pools it recorded
         assert again.returncode == 0, again.stderr
         assert json.loads((state_dir / "state.json").read_text())["server"] == server
         assert core.read_namespaced_config_map("kept", "default").metadata.name == "kept"
         second_pids = _pids(state_dir)
+        assert {n.metadata.name for n in core.list_node().items} == {"kwok-h100-0", "kwok-l40s-0"}
     finally:
         api.close()
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from disagg.cluster.binaries import COMPONENT_OF, BinaryError, ensure_all
-from disagg.cluster.local import DEFAULT_NODE_POOLS, ClusterError, LocalCluster, NodePool
+from disagg.cluster.local import ClusterError, LocalCluster, NodePool
 
 # GPU type -> the nvidia.com/gpu.product label GPU feature discovery puts on such nodes
 KNOWN_PRODUCTS: dict[str, str] = {
@@ -51,7 +51,8 @@ def parse_node_pools(text: str) -> tuple[NodePool, ...]:
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     state_dir = Path(args.state_dir) if args.state_dir else None
-    nodes = parse_node_pools(args.nodes) if getattr(args, "nodes", None) else DEFAULT_NODE_POOLS
+    # without --nodes: the pools this state directory was started with, else the defaults
+    nodes = parse_node_pools(args.nodes) if getattr(args, "nodes", None) else None
     return LocalCluster(state_dir=state_dir, nodes=nodes)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -234,12 +235,13 @@ class LocalCluster:
     def __init__(
         self,
         state_dir: Path | None = None,
-        nodes: Sequence[NodePool] = DEFAULT_NODE_POOLS,
+        nodes: Sequence[NodePool] | None = None,
         settings: ClusterSettings | None = None,
         build: BuildSettings | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
-        self.nodes = tuple(nodes)
+        # None: the pools a previous `up` of this state directory recorded, else DEFAULT_NODE_POOLS
+        self.nodes = tuple(nodes) if nodes is not None else self._recorded_nodes()
         self.settings = settings or ClusterSettings()
         self.build = build or BuildSettings()
         for pool in self.nodes:
@@ -273,27 +275,48 @@ class LocalCluster:
     def _kubeconfig_for(self, identity: str) -> Path:
         return self.kubeconfig_path if identity == "admin" else self.state_dir / f"{identity}.kubeconfig"
 
+    def _recorded_nodes(self) -> tuple[NodePool, ...]:
+        recorded = (self._read_state() or {}).get("nodes")
+        if isinstance(recorded, list) and recorded:
+            with contextlib.suppress(TypeError):
+                return tuple(NodePool(**pool) for pool in recorded)
+        return DEFAULT_NODE_POOLS
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise up/down of one state directory across processes."""
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        lock = self.state_dir.parent / f".{self.state_dir.name}.lock"
+        with lock.open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     # -- public API ------------------------------------------------------------------------------------
     def up(self) -> ClusterInfo:
         """Start the control plane (or reuse the running one) and wait for the nodes to be Ready."""
-        info = self._running_info()
-        if info is not None:
-            self._ensure_nodes(info)
-            self._wait_nodes_ready(info)
-            return info
-        self._stop_processes()
-        binaries = {name: ensure_binary(name, self.build) for name in COMPONENTS}
-        try:
-            return self._start(binaries)
-        except BaseException:
+        with self._locked():
+            info = self._running_info()
+            if info is not None:
+                self._ensure_nodes(info)
+                self._wait_nodes_ready(info)
+                return info
             self._stop_processes()
-            raise
+            binaries = {name: ensure_binary(name, self.build) for name in COMPONENTS}
+            try:
+                return self._start(binaries)
+            except BaseException:
+                self._stop_processes()
+                raise
 
     def down(self, keep_state: bool = False) -> None:
         """Stop every process this state directory records (by pid) and remove the directory."""
-        self._stop_processes()
-        if not keep_state and self.state_dir.exists():
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        with self._locked():
+            self._stop_processes()
+            if not keep_state and self.state_dir.exists():
+                shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def status(self) -> ClusterStatus:
         state = self._read_state()
