@@ -28,6 +28,9 @@ from disagg.twin.live.server import ServerSettings
 
 log = logging.getLogger("disagg.twin")
 
+ENDPOINTS_FILE_REFRESH_S = 0.2  # how often the endpoints file is compared with the pool and rewritten
+READY_POLL_S = 0.2  # how often --load-* waits for the proxy to have a prefill and a decode pod
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="twin_command", metavar="COMMAND")
@@ -144,7 +147,7 @@ async def _keep_endpoints_file(path: Path, pool: PodPool, proxy_url: str | None)
             tmp.write_text(text)
             tmp.replace(path)
             last = text
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(ENDPOINTS_FILE_REFRESH_S)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -230,7 +233,7 @@ async def _wait_ready(url: str, timeout_s: float) -> None:
                 async with session.get(f"{url}/health") as response:
                     if response.status == 200:
                         return
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(READY_POLL_S)
 
 
 def serve_command(args: argparse.Namespace) -> int:

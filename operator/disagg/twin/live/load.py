@@ -119,11 +119,16 @@ def trace_requests(path: Path, limit: int) -> list[LoadRequest]:
     ]
 
 
+def synthetic_prompt(tokens: int) -> list[int]:
+    """A prompt of exactly ``tokens`` token ids (the engines count ids; the values carry no meaning)."""
+    return [1000 + (i % 20000) for i in range(tokens)]
+
+
 async def _one(
     session: aiohttp.ClientSession, settings: LoadSettings, request: LoadRequest, index: int
 ) -> ClientResult:
     body: dict[str, object] = {
-        "prompt": [1000 + (i % 20000) for i in range(request.prompt_tokens)],
+        "prompt": synthetic_prompt(request.prompt_tokens),
         "max_tokens": request.output_tokens,
         "stream": True,
     }

@@ -63,11 +63,14 @@ class ToyPDProxy:
         prefill: EndpointSource,
         decode: EndpointSource,
         settings: ServerSettings | None = None,
+        attempts: int = 3,
     ) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.prefill = prefill
         self.decode = decode
         self.settings = settings or ServerSettings()
-        self.attempts = 3
+        self.attempts = attempts  # prefill pods tried per request (one may vanish while scaling down)
         self.port = 0
         self._counter = itertools.count()
         self._runner: web.AppRunner | None = None
