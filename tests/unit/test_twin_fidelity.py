@@ -40,7 +40,12 @@ calibration. Known misses are strict xfails with the reason, so the table stays 
 * H100 prediction vs H200 measurement at batch 1 for 70B TP4/TP8: 1.02 and 0.90 instead of the HBM
   ratio 1.43, because the measuring script's kernels stream weights far less efficiently than vLLM's.
 * vidur Llama-2-7B at TP 1/4/8: between 256 and 1024 tokens the aiconfigurator GEMMs the twin uses are
-  26-29% faster than vidur's profiles (different library versions); the 70B shapes agree within 25%.
+  26-29% faster than vidur's profiles. vidur's rows hold nothing the twin omits: each is one linear
+  layer without bias, timed alone (microsoft/vidur vidur/profiling/mlp/mlp_impl.py; record_function
+  profiler by default). One relation per GEMM, vidur = 1.10 x aiconfigurator + 1.4 us, fitted on the 70B
+  rows, predicts the 7B rows with a median error of 7% (the same as on the 70B rows; a test checks it).
+  The fixed part (profiler and an older stack's kernel choice) weighs more on the 7B's small sharded
+  GEMMs; the 70B sums stay within 25%.
 """
 
 from __future__ import annotations
@@ -191,7 +196,9 @@ def test_splitwise_prompt_time(prompt: int, published_s: float) -> None:
 
 
 VIDUR_7B_MISS = (
-    "at 256-1024 tokens vLLM 0.24's GEMMs (aiconfigurator) run up to 29% faster than vidur's profiles"
+    "vidur's per-GEMM times sit ~10% + ~1.6 us above aiconfigurator's for 7B and 70B shapes alike (see the "
+    "next test); the fixed part weighs more on the 7B's small TP-sharded GEMMs, so their sum is 26-29% "
+    "above the twin's at 256-1024 tokens"
 )
 
 
@@ -296,3 +303,48 @@ def test_h100_prediction_vs_h200_measurement_weight_bound_decode(model: str, tp:
     rows = [r for r in _h200_rows(model, tp) if r.phase == "decode" and r.batch == 1]
     ratios = {r.context: _shard_prediction_ms(h100, r) / r.ms for r in rows}
     assert all(_rel_err(x, HBM_RATIO_H200_H100) <= TOLERANCE for x in ratios.values()), ratios
+
+
+def _gemm_pairs(gemm: object, model: str) -> tuple[np.ndarray, np.ndarray]:
+    """(aiconfigurator ms, vidur ms) for each linear layer, TP degree and token count >= 64 of a model."""
+    from disagg.twin.calibrate import GemmTable
+
+    assert isinstance(gemm, GemmTable)
+    # config.json of meta-llama/Llama-2-7b-hf and -70b-hf: hidden, intermediate, heads, kv heads.
+    hidden, inter, heads, kv = {
+        "Llama-2-7b-hf": (4096, 11008, 32, 32),
+        "Llama-2-70b-hf": (8192, 28672, 64, 8),
+    }[model]
+    ops = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+    path = SHARED / "vidur" / f"h100_{model}_mlp.csv"
+    aic: list[float] = []
+    vid: list[float] = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            tp, m = int(row["num_tensor_parallel_workers"]), int(row["num_tokens"])
+            if m < 64 or m not in (64, 128, 256, 512, 1024, 2048, 4096):
+                continue
+            shapes = [
+                ((heads + 2 * kv) * 128 // tp, hidden),
+                (hidden, heads * 128 // tp),
+                (2 * inter // tp, hidden),
+                (hidden, inter // tp),
+            ]
+            for (n, k), op in zip(shapes, ops, strict=True):
+                aic.append(gemm.latency(m, n, k))
+                vid.append(float(row[f"time_stats.{op}.median"]))
+    return np.array(aic), np.array(vid)
+
+
+def test_vidur_offset_fitted_on_70b_explains_the_7b_rows(h100_bf16_gemm: object) -> None:
+    """Why the 7B rows miss: vidur = s * aiconfigurator + o per GEMM, fitted on the 70B rows (s ~1.10,
+    o ~1.4 us), predicts the 7B rows with a median error under 10%: nothing is missing from the 7B shapes;
+    a per-kernel offset between the two profilers matters more for smaller GEMMs."""
+    x70, y70 = _gemm_pairs(h100_bf16_gemm, "Llama-2-70b-hf")
+    design = np.stack([x70, np.ones_like(x70)], axis=1) / y70[:, None]
+    (scale, offset), *_ = np.linalg.lstsq(design, np.ones_like(y70), rcond=None)
+    assert 1.0 < scale < 1.25 and 0.0 < offset < 0.005, (scale, offset)
+    x7, y7 = _gemm_pairs(h100_bf16_gemm, "Llama-2-7b-hf")
+    assert float(np.median(np.abs(scale * x7 + offset - y7) / y7)) <= 0.10
+    # the plain comparison is worse for the 7B rows than for the 70B rows
+    assert np.median((y7 - x7) / y7) > np.median((y70 - x70) / y70)
