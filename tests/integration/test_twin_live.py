@@ -130,6 +130,46 @@ def test_one_request_through_prefill_and_decode_with_the_nixl_handshake() -> Non
     asyncio.run(scenario())
 
 
+def test_sglang_pods_pair_through_the_bootstrap_room() -> None:
+    """SGLang-flavoured pods behind the proxy's bootstrap pairing: streamed chat, SGLang metric names."""
+
+    async def scenario() -> None:
+        specs = {
+            "p-0": PodSpec("p-0", "prefill", CHOICE, engine="sglang"),
+            "d-0": PodSpec("d-0", "decode", CHOICE, engine="sglang"),
+        }
+        pool = await _fixed_pool(specs, 0.5)
+        proxy = ToyPDProxy(
+            lambda: pool.endpoints("prefill"), lambda: pool.endpoints("decode"), handshake="bootstrap"
+        )
+        await proxy.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                body = {
+                    "messages": [{"role": "user", "content": "y" * 4000}],
+                    "max_tokens": 7,
+                    "stream": True,
+                }
+                async with http.post(f"{proxy.url}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                    chunks, done = _sse_texts(await r.text())
+                (decode,) = pool.endpoints("decode")
+                async with http.get(f"http://{decode}/metrics") as r:
+                    metrics = await r.text()
+            deltas = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+            assert done and len([d for d in deltas if d]) == 7
+            assert 'sglang:generation_tokens_total{model_name="llama-3.1-8b"} 7.0' in metrics
+            assert "vllm:" not in metrics
+            (prefill_server,) = [s for s in pool.servers() if s.identity.role == "prefill"]
+            (record,) = prefill_server.engine.records
+            assert record.generation_tokens == 1  # the prefill pod stopped at its prompt
+        finally:
+            await proxy.stop()
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
 def _bucket_index(value: float) -> int:
     return bisect.bisect_left(list(VLLM_TTFT_BUCKETS), value)
 

@@ -12,10 +12,13 @@ import yaml
 
 from disagg.twin.latency import load_latency_model
 from disagg.twin.live.engine import (
+    Bootstrap,
     EngineSettings,
     EngineUnavailable,
     LiveEngine,
+    Rendezvous,
     RequestError,
+    parse_bootstrap,
     parse_kv_transfer_params,
 )
 from disagg.twin.live.exposition import VllmMetrics, render
@@ -261,3 +264,50 @@ def test_trace_requests_start_at_zero_and_keep_lengths() -> None:
     assert requests[0].arrival_s == 0.0
     assert all(b.arrival_s >= a.arrival_s for a, b in itertools.pairwise(requests))
     assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in requests)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 9000}, "bootstrap_room"),
+        ({"bootstrap_room": 5}, "bootstrap_host"),
+        ({"bootstrap_host": "h", "bootstrap_port": 0, "bootstrap_room": 5}, "bootstrap_port"),
+        ({"bootstrap_host": "h", "bootstrap_port": "x", "bootstrap_room": 5}, "bootstrap_port"),
+    ],
+)
+def test_bad_bootstrap_fields_name_the_field(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_bootstrap(body)
+    assert err.value.field == field
+
+
+def test_sglang_bootstrap_pairs_a_prefill_and_a_decode_engine() -> None:
+    """The decode waits for its room's prefill, then pays the KV transfer; the prefill ends at 1 token."""
+
+    async def scenario() -> tuple[LiveEngine, LiveEngine]:
+        shared = Rendezvous()
+        prefill = LiveEngine(
+            MODEL, VllmMetrics("m", 4096), FAST, engine_id="p", role="prefill", rendezvous=shared
+        )
+        decode = LiveEngine(
+            MODEL, VllmMetrics("m", 4096), FAST, engine_id="d", role="decode", rendezvous=shared
+        )
+        prefill.start()
+        decode.start()
+        room = parse_bootstrap({"bootstrap_host": "127.0.0.1", "bootstrap_port": 9000, "bootstrap_room": 42})
+        assert room == Bootstrap("127.0.0.1", 9000, 42)
+        d = decode.submit(3000, 5, bootstrap=room)  # the router sends both at once; decode may come first
+        p = prefill.submit(3000, 5, bootstrap=room)
+        texts = await _drain_all(decode, d)
+        await _drain_all(prefill, p)
+        assert len(texts[0]) == 5
+        await prefill.stop()
+        await decode.stop()
+        return prefill, decode
+
+    prefill, decode = asyncio.run(scenario())
+    (p_record,), (d_record,) = prefill.records, decode.records
+    assert p_record.generation_tokens == 1 and d_record.generation_tokens == 5
+    assert p_record.ttft_s is not None and d_record.ttft_s is not None
+    assert d_record.ttft_s >= p_record.ttft_s + MODEL.kv_transfer_time_s(3000, "nic")
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="m"} 0.0' in render(decode.metrics).decode()

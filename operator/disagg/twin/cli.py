@@ -24,6 +24,7 @@ from disagg.twin.live.exposition import ENGINE_KINDS
 from disagg.twin.live.latency import LatencyChoice
 from disagg.twin.live.load import LoadRequest, LoadSettings, poisson_requests, run_load, trace_requests
 from disagg.twin.live.pods import PodPool, PodSpec, PoolSettings
+from disagg.twin.live.proxy import HANDSHAKES, Handshake, ToyPDProxy
 from disagg.twin.live.server import ServerSettings
 
 log = logging.getLogger("disagg.twin")
@@ -68,6 +69,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--kv-link", default=EngineSettings.kv_link, help="nic or nvlink")
     run = p.add_argument_group("run")
     run.add_argument("--proxy-port", type=int, help="also run the toy P/D proxy on this port (0: any)")
+    run.add_argument(
+        "--handshake",
+        choices=HANDSHAKES,
+        help="the proxy's P/D pairing: vLLM's NIXL kv_transfer_params or SGLang's bootstrap room "
+        "(default: bootstrap with --engine sglang, else nixl)",
+    )
     run.add_argument("--endpoints-file", type=Path, help="keep a JSON map of pods to endpoints here")
     run.add_argument("--duration", type=float, help="stop after this many wall seconds")
     _load_arguments(run, prefix="load-")
@@ -152,7 +159,6 @@ async def _keep_endpoints_file(path: Path, pool: PodPool, proxy_url: str | None)
 
 async def serve(args: argparse.Namespace) -> int:
     from disagg.twin.live.follower import Overrides, PodFollower
-    from disagg.twin.live.proxy import ToyPDProxy
 
     pool = PodPool(_pool_settings(args))
     stop = asyncio.Event()
@@ -174,10 +180,12 @@ async def serve(args: argparse.Namespace) -> int:
         await pool.reconcile(fixed_layout(args))
     proxy = None
     if args.proxy_port is not None:
+        handshake: Handshake = args.handshake or ("bootstrap" if args.engine == "sglang" else "nixl")
         proxy = ToyPDProxy(
             lambda: pool.endpoints("prefill"),
             lambda: pool.endpoints("decode"),
             ServerSettings(port=args.proxy_port),
+            handshake=handshake,
         )
         await proxy.start()
         print(f"toy P/D proxy on {proxy.url}", flush=True)

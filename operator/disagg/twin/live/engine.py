@@ -60,6 +60,7 @@ class EngineSettings:
     time_scale: float = 1.0  # wall seconds per engine second
     kv_link: str = "nic"  # the link a remote prefill's KV crosses (passed to kv_transfer_time_s)
     drain_timeout_s: float = 30.0  # engine seconds a removed pod keeps serving its in-flight requests
+    bootstrap_timeout_s: float = 300.0  # engine seconds an SGLang decode request waits for its prefill
     # A step planned within this many wall seconds of the previous step's end continues that timeline:
     # steps run back to back on absolute deadlines, so the event loop's wake-up lateness (about a
     # millisecond, i.e. 1/time_scale ms of engine time) is absorbed instead of adding to every step.
@@ -121,6 +122,75 @@ class RequestRecord:
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """SGLang's P/D pairing: the prefill server's bootstrap address and the room both sides share."""
+
+    host: str
+    port: int
+    room: int
+
+
+def parse_bootstrap(body: Mapping[str, Any]) -> Bootstrap | None:
+    """SGLang's ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` request fields, if present.
+
+    Field names from sgl-project/sglang (the PD router adds them to the request it sends to both the
+    prefill and the decode server; python/sglang/srt/disaggregation).
+    """
+    names = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+    present = [n for n in names if body.get(n) is not None]
+    if not present:
+        return None
+    for name in names:
+        if name not in present:
+            raise RequestError(name, "required with the other bootstrap_* fields")
+    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
+    if not isinstance(host, str) or not host:
+        raise RequestError("bootstrap_host", "must be a host name")
+    try:
+        port, room = int(port), int(room)
+    except (TypeError, ValueError):
+        raise RequestError("bootstrap_port", "bootstrap_port and bootstrap_room must be integers") from None
+    if not 0 < port < 65536:
+        raise RequestError("bootstrap_port", f"must be a TCP port, got {port}")
+    return Bootstrap(host, port, room)
+
+
+class Rendezvous:
+    """In-process stand-in for SGLang's bootstrap server: a decode request waits for its room's prefill.
+
+    Shared by every simulated pod of one process (the pod pool owns it). Rooms are forgotten once the
+    decode side has its KV, or, oldest first, when more than ``limit`` are open.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._rooms: dict[Bootstrap, asyncio.Future[int]] = {}
+
+    def _room(self, key: Bootstrap) -> asyncio.Future[int]:
+        room = self._rooms.get(key)
+        if room is None:
+            while len(self._rooms) >= self.limit:
+                self._rooms.pop(next(iter(self._rooms)))
+            room = asyncio.get_running_loop().create_future()
+            self._rooms[key] = room
+        return room
+
+    def publish(self, key: Bootstrap, prompt_tokens: int) -> None:
+        """The prefill side computed the prompt's KV."""
+        room = self._room(key)
+        if not room.done():
+            room.set_result(prompt_tokens)
+
+    async def wait(self, key: Bootstrap, timeout_s: float) -> int:
+        """Until the prefill of ``key`` is done (TimeoutError after ``timeout_s`` wall seconds)."""
+        room = self._room(key)
+        try:
+            return await asyncio.wait_for(asyncio.shield(room), timeout_s)
+        finally:
+            self._rooms.pop(key, None)
+
+
 @dataclass(eq=False)
 class LiveRequest:
     """A request in flight: the core's SimRequest plus what the HTTP side needs to stream it."""
@@ -131,6 +201,7 @@ class LiveRequest:
     arrival: float
     remote_prefill: RemotePrefill | None
     do_remote_decode: bool
+    bootstrap: Bootstrap | None = None
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     emitted: int = 0
     block_ids: tuple[int, ...] = ()
@@ -195,6 +266,7 @@ class LiveEngine:
         tp_size: int = 1,
         side_channel: tuple[str, int] = ("127.0.0.1", 0),
         record_limit: int = 100_000,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -205,6 +277,7 @@ class LiveEngine:
         self.role = role
         self.tp_size = tp_size
         self.side_channel = side_channel
+        self.rendezvous = rendezvous or Rendezvous()
         # Every pod runs the core's colocated scheduler: a prefill pod's P/D requests ask for one token and
         # so end with their prompt; a decode pod's P/D requests arrive with their KV (see _admit_core) and
         # a plain request sent to either is served whole, as vLLM's kv_both engines do.
@@ -281,8 +354,14 @@ class LiveEngine:
         max_tokens: int,
         kv_transfer_params: Any = None,
         request_id: str | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> LiveRequest:
-        """Queue a request; raises RequestError (naming the field) or EngineUnavailable."""
+        """Queue a request; raises RequestError (naming the field) or EngineUnavailable.
+
+        ``kv_transfer_params`` is vLLM's NIXL handshake; ``bootstrap`` is SGLang's: on a prefill pod the
+        request ends with its prompt and publishes the room, on a decode pod it waits for that room's
+        prefill, pays the KV transfer and decodes. Elsewhere either is ignored (served whole).
+        """
         if not self.accepting:
             raise EngineUnavailable(f"engine {self.engine_id} is not serving")
         if prompt_tokens < 1:
@@ -302,9 +381,11 @@ class LiveEngine:
                 f"{self.core.kv_capacity} tokens",
             )
         remote_decode, remote = parse_kv_transfer_params(kv_transfer_params)
+        if bootstrap is not None and self.role == "colocated":
+            bootstrap = None
         rid = next(self._ids)
         now = self.now()
-        wanted = 1 if remote_decode else max_tokens
+        wanted = 1 if remote_decode or (bootstrap is not None and self.role == "prefill") else max_tokens
         request = LiveRequest(
             request_id=request_id or f"{self.engine_id}-{rid}",
             core=SimRequest(rid, now, prompt_tokens, wanted),
@@ -312,14 +393,15 @@ class LiveEngine:
             arrival=now,
             remote_prefill=remote,
             do_remote_decode=remote_decode,
+            bootstrap=bootstrap,
         )
         self._live[rid] = request
-        if remote is None:
+        if remote is not None or (bootstrap is not None and self.role == "decode"):
+            self._start_transfer(request)
+        else:
             self.core.admit(request.core, now)
             self._last_admit_wall = time.monotonic()
             self._work.set()
-        else:
-            self._start_transfer(request)
         return request
 
     def abort(self, request: LiveRequest) -> None:
@@ -337,12 +419,20 @@ class LiveEngine:
 
     # transfers -------------------------------------------------------------------------------------
     def _start_transfer(self, request: LiveRequest) -> None:
+        """Wait (off the batch, counted as waiting) for the prompt's KV, then admit the request."""
+        scale = self.settings.time_scale
         seconds = self.latency.kv_transfer_time_s(request.prompt_tokens, self.settings.kv_link)
         self._transferring += 1
 
         async def transfer() -> None:
             try:
-                await asyncio.sleep(seconds * self.settings.time_scale)
+                if request.bootstrap is not None:
+                    timeout = self.settings.bootstrap_timeout_s * scale
+                    await self.rendezvous.wait(request.bootstrap, timeout)
+                await asyncio.sleep(seconds * scale)
+            except TimeoutError:
+                self.abort(request)
+                return
             finally:
                 self._transferring -= 1
             if request.finish_reason is None:
@@ -441,6 +531,8 @@ class LiveEngine:
     def _finish(self, request: LiveRequest, reason: str, now: float) -> None:
         request.finish_reason = reason
         self._live.pop(request.core.rid, None)
+        if reason == "length" and request.bootstrap is not None and self.role == "prefill":
+            self.rendezvous.publish(request.bootstrap, request.prompt_tokens)
         if reason == "length" and request.do_remote_decode:
             full_blocks = request.prompt_tokens // self.settings.block_size
             request.block_ids = tuple(next(self._block_ids) for _ in range(full_blocks))

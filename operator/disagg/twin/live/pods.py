@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from disagg.twin.latency import LatencyModel
-from disagg.twin.live.engine import EngineSettings, LiveEngine, Role
+from disagg.twin.live.engine import EngineSettings, LiveEngine, Rendezvous, Role
 from disagg.twin.live.exposition import EngineKind, make_metrics
 from disagg.twin.live.latency import LatencyChoice, load_step_latency
 from disagg.twin.live.server import EngineServer, PodIdentity, ServerSettings
@@ -70,6 +70,7 @@ class PodPool:
         self.on_ready = on_ready
         self._models: dict[LatencyChoice, LatencyModel] = {}
         self.pods: dict[str, TwinPod] = {}
+        self.rendezvous = Rendezvous()  # SGLang's bootstrap pairing, shared by this process's pods
         self._draining: set[asyncio.Task[int]] = set()
 
     def endpoints(self, role: Role) -> list[str]:
@@ -119,6 +120,7 @@ class PodPool:
             engine_id=spec.name,
             role=spec.role,
             tp_size=spec.choice.tp,
+            rendezvous=self.rendezvous,
         )
         server = EngineServer(
             engine, PodIdentity(spec.name, spec.role, spec.engine, spec.model_name), self.settings.server

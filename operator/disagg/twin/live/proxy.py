@@ -1,20 +1,26 @@
-"""The twin's built-in toy P/D proxy: prefill first, then stream from decode, with vLLM's NIXL handshake.
+"""The twin's built-in toy P/D proxy: vLLM's NIXL handshake or SGLang's bootstrap pairing.
 
 No real router runs in tests or the demo, so this stands in for one. It does what vLLM's
 tests/v1/kv_connector/nixl_integration/toy_proxy_server.py does (re-implemented, not copied): send the
 request to a prefill endpoint with ``kv_transfer_params = {do_remote_decode: true, do_remote_prefill:
 false, remote_*: null}``, ``stream: false`` and ``max_tokens: 1``; take the ``kv_transfer_params`` of
 that answer; send the original request with them to a decode endpoint and stream its answer back.
-Endpoints are picked round robin from callables, so the pool can change while it runs. It listens on
-127.0.0.1 only and only forwards to 127.0.0.1 endpoints.
+With ``handshake="bootstrap"`` it pairs the pods the way SGLang's PD router does instead: the same
+request, with ``bootstrap_host``/``bootstrap_port`` naming the prefill pod and a random
+``bootstrap_room``, goes to a prefill and a decode pod at once, and the decode pod's answer is streamed
+back. Endpoints are picked round robin from callables, so the pool can change while it runs. It listens
+on 127.0.0.1 only and only forwards to 127.0.0.1 endpoints.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
+import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,6 +29,8 @@ from aiohttp import web
 from disagg.twin.live.server import ServerSettings, bound_port, error_response
 
 EndpointSource = Callable[[], Sequence[str]]  # current endpoints as "127.0.0.1:PORT"
+Handshake = Literal["nixl", "bootstrap"]
+HANDSHAKES: tuple[Handshake, Handshake] = ("nixl", "bootstrap")
 
 
 def check_local_endpoint(endpoint: str) -> str:
@@ -64,9 +72,13 @@ class ToyPDProxy:
         decode: EndpointSource,
         settings: ServerSettings | None = None,
         attempts: int = 3,
+        handshake: Handshake = "nixl",
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
+        if handshake not in HANDSHAKES:
+            raise ValueError(f"handshake must be one of {HANDSHAKES}, got {handshake!r}")
+        self.handshake = handshake
         self.prefill = prefill
         self.decode = decode
         self.settings = settings or ServerSettings()
@@ -134,6 +146,8 @@ class ToyPDProxy:
         if not isinstance(body, dict):
             return error_response(400, "request body must be a JSON object")
         headers = {"X-Request-Id": request.headers.get("X-Request-Id", f"proxy-{next(self._counter)}")}
+        if self.handshake == "bootstrap":
+            return await self._forward_bootstrap(request, path, body, headers)
         answer: Any = None
         for _ in range(self.attempts):  # a pod removed between pick and post: try the next one
             prefill = self._pick(self.prefill)
@@ -171,3 +185,42 @@ class ToyPDProxy:
                 await response.write(data)
             await response.write_eof()
             return response
+
+    async def _forward_bootstrap(
+        self, request: web.Request, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """SGLang's pairing: the same request to a prefill and a decode pod at once, decode streamed back."""
+        assert self._session is not None
+        prefill, decode = self._pick(self.prefill), self._pick(self.decode)
+        if prefill is None or decode is None:
+            return error_response(503, "no ready prefill or decode endpoint")
+        host, _, port = prefill.rpartition(":")
+        paired = {**body, "bootstrap_host": host, "bootstrap_port": int(port)}
+        paired["bootstrap_room"] = random.getrandbits(63)
+        to_prefill = {**paired, "stream": False}
+        to_prefill.pop("stream_options", None)
+
+        async def run_prefill() -> None:
+            assert self._session is not None
+            async with self._session.post(f"http://{prefill}{path}", json=to_prefill, headers=headers) as r:
+                await r.read()
+
+        prefill_task = asyncio.ensure_future(run_prefill())
+        try:
+            upstream = await self._session.post(f"http://{decode}{path}", json=paired, headers=headers)
+        except aiohttp.ClientConnectionError:
+            prefill_task.cancel()
+            return error_response(502, f"decode endpoint {decode} did not answer")
+        async with upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            )
+            await response.prepare(request)
+            async for data in upstream.content.iter_any():
+                await response.write(data)
+            await response.write_eof()
+        # the decode side already answered; a failed prefill shows up in its metrics
+        with contextlib.suppress(aiohttp.ClientError):
+            await prefill_task
+        return response

@@ -30,6 +30,7 @@ from disagg.twin.live.engine import (
     RequestError,
     Role,
     TokenEvent,
+    parse_bootstrap,
 )
 from disagg.twin.live.exposition import CONTENT_TYPE, EngineKind, render
 
@@ -222,6 +223,7 @@ class EngineServer:
                 max_tokens,
                 body.get("kv_transfer_params"),
                 request_id=request.headers.get("X-Request-Id"),
+                bootstrap=parse_bootstrap(body),
             )
         except RequestError as err:
             return error_response(400, str(err), err.field)
