@@ -258,3 +258,26 @@ def test_engine_accounting_holds_for_any_workload(
     if role != "prefill":
         assert all(r.generated == r.output for r in reqs)
     assert core.kv_used == 0 and core.outstanding_tokens == 0 and core.idle
+
+
+def test_a_step_that_preempts_admits_no_waiting_request() -> None:
+    """vLLM V1 admits waiting requests only when the step preempted nothing; otherwise the evicted prompt
+    is readmitted at once and recomputed while the decodes that needed its room preempt it again."""
+    core = EngineCore(LAT_8B, EngineSettings(kv_capacity_tokens=3000))
+    reqs = [SimRequest(i, 0.0, 900, 400) for i in range(4)]
+    for r in reqs:
+        core.admit(r, 0.0)
+    now, preempting_steps = 0.0, 0
+    while not core.idle:
+        waiting_before = {r.rid for r in core.waiting}
+        counts = {r.rid: r.preemptions for r in reqs}
+        step = core.plan_step(now)
+        assert step is not None
+        evicted = {r.rid for r in reqs if r.preemptions > counts[r.rid]}
+        if evicted:
+            preempting_steps += 1
+            assert evicted | waiting_before <= {r.rid for r in core.waiting}
+        core.complete_step(step)
+        now = step.end
+    assert preempting_steps >= 1
+    assert all(r.generated == r.output for r in reqs) and core.kv_used == 0

@@ -12,7 +12,11 @@ each step's duration in real time). The protocol is::
 Scheduling follows vLLM's V1 scheduler: running requests first (one decode token each, then the chunks of
 partially prefilled prompts), then waiting requests in arrival order while ``max_num_seqs`` and the
 ``max_num_batched_tokens`` budget allow; KV is allocated per computed token and, when a decode step would
-not fit, the newest running request is preempted and recomputed later (vLLM's default RECOMPUTE policy).
+not fit, the newest running request (the last admitted: a partial prefill if there is one) is preempted and
+recomputed later (vLLM's default RECOMPUTE policy), and a step that preempted admits no waiting request
+(source: vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``: ``preempted_req = self.running.pop()``,
+then "Next, schedule the WAITING requests." under ``if not preempted_reqs``). Without that gate a
+preempted prompt is readmitted into the very step that evicted it and the replica thrashes.
 
 Roles: ``colocated`` (chunked prefill mixed with decodes), ``prefill`` (a P/D prefill replica: a request
 leaves once its prompt is computed; its KV is freed when handed to the transfer), ``decode`` (a P/D decode
@@ -231,7 +235,7 @@ class EngineCore:
     def plan_step(self, now: float) -> Step | None:
         """Decide the next step (or jump). Returns None when there is nothing to run."""
         s = self.settings
-        self._ensure_decode_kv(now)
+        preempted = self._ensure_decode_kv(now)
         batch = len(self.decoding)
         budget = s.max_num_batched_tokens - batch
         chunks: list[tuple[SimRequest, int]] = []
@@ -243,7 +247,7 @@ class EngineCore:
             chunks.append((req, n))
             budget -= n
             free -= n
-        while self.waiting and budget > 0 and self.num_running < s.max_num_seqs:
+        while not preempted and self.waiting and budget > 0 and self.num_running < s.max_num_seqs:
             req = self.waiting[0]
             need = req.prompt + req.generated - req.computed
             if need == 0:  # decode replica: KV arrived; needs room for its context
@@ -436,9 +440,21 @@ class EngineCore:
         req.finish_time = now
         ev.finished.append(req)
 
-    def _ensure_decode_kv(self, now: float) -> None:
-        """Preempt the newest decoding requests until one decode step's KV fits (recompute policy)."""
+    def _ensure_decode_kv(self, now: float) -> bool:
+        """Preempt the newest running requests until one decode step's KV fits (recompute policy); True if
+        any was preempted. Partial prefills were admitted after every decoding request (chunks are served
+        in admission order), so they go first, newest first."""
+        preempted = False
         while self.decoding and self.kv_used + len(self.decoding) > self.kv_capacity:
+            preempted = True
+            if self.prefilling:
+                victim = self.prefilling.pop()
+                self.kv_used -= victim.computed
+                self.outstanding_tokens += victim.computed
+                victim.computed = 0
+                victim.preemptions += 1
+                self.waiting.appendleft(victim)
+                continue
             rid = next(reversed(self.decoding))
             req = self.decoding[rid]
             held = self._held_kv(req)
@@ -453,6 +469,7 @@ class EngineCore:
             req.epoch += 1
             req.preemptions += 1
             self.waiting.appendleft(req)
+        return preempted
 
     def release_kv(self, tokens: int) -> None:
         """A held prompt's KV left the replica (hold_kv_until_released)."""
