@@ -570,6 +570,30 @@ def test_install_then_operator_reconciles_under_the_charts_rbac(
         assert router_sa.metadata.owner_references[0].kind == "DisaggregatedDeployment"
         dd = custom.get_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, "demo")
         assert dd.get("status", {}).get("conditions"), f"no status written under RBAC: {dd.get('status')}"
+
+        # A shipped example (vLLM + NIXL, Llama-70B, a Hugging Face token Secret it never reads) under a
+        # library policy: its children appear and the autoscaling loop evaluates the policy, all under RBAC.
+        tools.kubectl_run("apply", "-n", served, "-f", str(POLICIES / "chat.yaml"))
+        example = yaml.safe_load((REPO / "examples" / "vllm-nixl.yaml").read_text())
+        example["spec"]["autoscaling"]["policyRef"] = {"name": "chat"}
+        DisaggregatedDeployment.model_validate(example)
+        name = example["metadata"]["name"]
+        custom.create_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, example)
+
+        def evaluated() -> dict[str, Any] | None:
+            obj = custom.get_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, name)
+            auto: dict[str, Any] | None = (obj.get("status") or {}).get("autoscaling")
+            return auto if auto and auto.get("policy") == "chat" and auto.get("lastEvaluationTime") else None
+
+        auto = wait_for(
+            evaluated,
+            timeout_s=RECONCILE_TIMEOUT_S,
+            what=f"policy chat evaluated for {name}; log:\n{op.text()[-3000:]}",
+        )
+        assert auto["mode"] == "active"
+        for role in ("prefill", "decode", "router"):
+            assert _deployment_replicas(apps, served, f"{name}-{role}") is not None, role
+
         assert op.proc.poll() is None, op.text()[-3000:]
         assert "forbidden" not in op.text().lower(), op.text()[-3000:]
         assert (op.reconciles() or 0) >= 2
