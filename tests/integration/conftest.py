@@ -1,0 +1,161 @@
+"""Fixtures for the operator's integration tests: the CRDs on the cluster, and the operator as a real process.
+
+``operator_process`` runs ``disagg run --standalone --namespace NS`` (the installed console script) against
+the session cluster's kubeconfig, waits for kopf's liveness endpoint, stops it after the test, and attaches
+the end of its log to a failing test's report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disagg.api.crd import all_crds
+from disagg.k8s.client import CRD, KubeApi
+
+_OPERATOR_KEY = pytest.StashKey[list["OperatorProcess"]]()
+_LOG_TAIL_BYTES = 8000
+STARTUP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+# The resync safety net, short enough that a missed event heals within a test's waits.
+RESYNC_INTERVAL_S = 20
+
+
+def poll(check: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 0.25, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    namespace: str
+    liveness_url: str
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, size: int = _LOG_TAIL_BYTES) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError as error:
+            return f"(no log: {error})"
+        return data[-size:].decode("utf-8", errors="replace")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.liveness_url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT_S)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def kube(k8s_api: Any) -> KubeApi:
+    """The operator's own JSON client on the session cluster."""
+    return KubeApi(k8s_api)
+
+
+@pytest.fixture(scope="session")
+def crds(kube: KubeApi) -> list[str]:
+    """The disagg.dev CRDs, applied from the models and Established; their names."""
+    names = []
+    for crd in all_crds():
+        kube.apply(crd, field_manager="disagg-tests")
+        names.append(crd["metadata"]["name"])
+
+    def established() -> bool:
+        for name in names:
+            obj = kube.get(CRD, None, name) or {}
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                return False
+        return True
+
+    poll(established, what=f"CRDs {names} Established")
+    return names
+
+
+def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> OperatorProcess:
+    port = _free_port()
+    disagg = Path(sys.executable).parent / "disagg"
+    command = [
+        str(disagg),
+        "run",
+        "--standalone",
+        "--namespace",
+        namespace,
+        "--liveness-endpoint",
+        f"http://127.0.0.1:{port}/healthz",
+        "--resync-interval",
+        str(RESYNC_INTERVAL_S),
+    ]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return OperatorProcess(process, log_path, namespace, f"http://127.0.0.1:{port}/healthz")
+
+
+@pytest.fixture
+def operator_process(
+    request: pytest.FixtureRequest, kubeconfig: Path, namespace: str, crds: list[str], tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """``disagg run --standalone --namespace <the test's namespace>`` as a subprocess, ready to use."""
+    operator = _start_operator(kubeconfig, namespace, tmp_path / "operator.log")
+    request.node.stash.setdefault(_OPERATOR_KEY, []).append(operator)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not operator.healthy():
+            if not operator.alive():
+                pytest.fail(f"the operator exited with {operator.process.returncode}:\n{operator.log_tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the operator's liveness endpoint did not answer:\n{operator.log_tail()}")
+            time.sleep(0.25)
+        yield operator
+    finally:
+        operator.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed:
+        for operator in item.stash.get(_OPERATOR_KEY, []):
+            report.sections.append((f"operator log (last {_LOG_TAIL_BYTES} bytes)", operator.log_tail()))

@@ -1,0 +1,415 @@
+"""The reconciler against the real local control plane, with the operator running as a real process.
+
+Every example becomes Ready with owned children; deletion cascades through the garbage collector; hand
+edits and deletions of children are undone; spec changes scale and prune; the autoscaler's desired replicas
+reach the pools; an object the schema accepts but the operator cannot use is Degraded with an Event while
+the operator keeps serving other objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.k8s.apply import DEPLOYMENT_LABEL
+from disagg.k8s.client import (
+    CHILD_KINDS,
+    DEPLOYMENT,
+    DISAGG_DEPLOYMENT,
+    EVENT,
+    MERGE_PATCH,
+    SERVICE,
+    JsonDict,
+    Kind,
+    KubeApi,
+)
+from disagg.render import render_children
+
+if TYPE_CHECKING:
+    from conftest import OperatorProcess  # tests/integration/conftest.py
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+RATIO_POLICY = Kind("disagg.dev/v1alpha1", "RatioPolicy", "ratiopolicies")
+SECRET = Kind("v1", "Secret", "secrets")
+PERSISTENT_VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespaced=False)
+PERSISTENT_VOLUME_CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+APPLIABLE = {(k.api_version, k.kind): k for k in (DISAGG_DEPLOYMENT, RATIO_POLICY, SECRET, *CHILD_KINDS)}
+READY_TIMEOUT_S = 120.0
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+ChildKey = tuple[str, str]
+
+
+def poll(check: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 0.25, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
+        time.sleep(interval_s)
+
+
+def tiny_deployment(name: str, namespace: str, **spec: Any) -> JsonDict:
+    """A small vLLM + NIXL deployment (one GPU per replica), with ``spec`` keys merged over it."""
+    body: JsonDict = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
+            "engine": {"type": "vllm"},
+            "kvTransfer": {"connector": "nixl"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def apply(kube: KubeApi, obj: JsonDict) -> JsonDict:
+    kind = APPLIABLE.get((obj["apiVersion"], obj["kind"]))
+    assert kind is not None, f"the tests do not apply {obj['apiVersion']}/{obj['kind']}"
+    return kube.apply(obj, field_manager="disagg-tests", kind=kind)
+
+
+def get_dd(kube: KubeApi, namespace: str, name: str) -> JsonDict:
+    obj = kube.get(DISAGG_DEPLOYMENT, namespace, name)
+    assert obj is not None, f"DisaggregatedDeployment {namespace}/{name} is gone"
+    return obj
+
+
+def condition(obj: JsonDict, type_: str) -> JsonDict:
+    found = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_]
+    return found[0] if found else {}
+
+
+def expected_children(obj: JsonDict) -> set[ChildKey]:
+    """What the renderer says this object's children are (the pure function the operator also uses)."""
+    dd = DisaggregatedDeployment.model_validate(obj)
+    return {(c["kind"], c["metadata"]["name"]) for c in render_children(dd)}
+
+
+def children(kube: KubeApi, namespace: str, name: str) -> dict[ChildKey, JsonDict]:
+    """Objects carrying the deployment label, whoever owns them."""
+    found: dict[ChildKey, JsonDict] = {}
+    for kind in CHILD_KINDS:
+        for obj in kube.list(kind, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}"):
+            found[(obj["kind"], obj["metadata"]["name"])] = obj
+    return found
+
+
+def owned_by(obj: JsonDict, owner: JsonDict) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(
+        r.get("uid") == owner["metadata"]["uid"] and r.get("controller") and r.get("blockOwnerDeletion")
+        for r in refs
+    )
+
+
+def wait_children(kube: KubeApi, owner: JsonDict) -> dict[ChildKey, JsonDict]:
+    """Wait until exactly the rendered children exist, each controlled by the owner."""
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    want = expected_children(owner)
+
+    def present() -> dict[ChildKey, JsonDict] | None:
+        have = children(kube, namespace, name)
+        if set(have) == want and all(owned_by(obj, owner) for obj in have.values()):
+            return have
+        return None
+
+    result: dict[ChildKey, JsonDict] = poll(present, what=f"children {sorted(want)} of {name}")
+    return result
+
+
+def wait_ready(kube: KubeApi, namespace: str, name: str) -> JsonDict:
+    """Wait until status says Ready for the current generation (not a Ready left from an older spec)."""
+
+    def ready() -> JsonDict | None:
+        obj = get_dd(kube, namespace, name)
+        generation = obj["metadata"]["generation"]
+        found = condition(obj, "Ready")
+        current = (obj.get("status") or {}).get("observedGeneration") == generation
+        if current and found.get("status") == "True" and found.get("observedGeneration") == generation:
+            return obj
+        return None
+
+    result: JsonDict = poll(ready, timeout_s=READY_TIMEOUT_S, what=f"{name} Ready")
+    return result
+
+
+def deployment_replicas(kube: KubeApi, namespace: str, name: str) -> int | None:
+    obj = kube.get(DEPLOYMENT, namespace, name)
+    return None if obj is None else int(obj["spec"]["replicas"])
+
+
+def events_for(kube: KubeApi, namespace: str, name: str) -> list[JsonDict]:
+    return [e for e in kube.list(EVENT, namespace) if (e.get("involvedObject") or {}).get("name") == name]
+
+
+def provide_model_volume(kube: KubeApi, doc: JsonDict, namespace: str) -> str | None:
+    """For a deployment whose weights come from a PVC: that claim, bound to a PersistentVolume made for it.
+
+    Returns the PersistentVolume's name (cluster-scoped: the caller deletes it), None when not needed.
+    """
+    pvc = ((doc.get("spec") or {}).get("model") or {}).get("source", {}).get("pvc")
+    if not pvc:
+        return None
+    claim, volume = pvc["claimName"], f"{namespace}-{pvc['claimName']}"[:63]
+    size = {"storage": "200Gi"}
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": size,
+                "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": f"/models/{claim}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        field_manager="disagg-tests",
+        kind=PERSISTENT_VOLUME,
+    )
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": size},
+            },
+        },
+        field_manager="disagg-tests",
+        kind=PERSISTENT_VOLUME_CLAIM,
+    )
+    return volume
+
+
+def example_documents(path: Path, namespace: str) -> list[JsonDict]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        doc.setdefault("metadata", {})["namespace"] = namespace
+    return docs
+
+
+def test_examples_exist() -> None:
+    assert EXAMPLES, f"no examples under {ROOT / 'examples'}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_becomes_ready_with_owned_children(
+    request: pytest.FixtureRequest,
+    example: Path,
+    kube: KubeApi,
+    namespace: str,
+    operator_process: OperatorProcess,
+) -> None:
+    docs = example_documents(example, namespace)
+    dds = [d for d in docs if d["kind"] == "DisaggregatedDeployment"]
+    assert dds, f"{example.name} holds no DisaggregatedDeployment"
+    volumes = [v for v in (provide_model_volume(kube, d, namespace) for d in dds) if v]
+    request.addfinalizer(lambda: [kube.delete(PERSISTENT_VOLUME, None, v) for v in volumes])
+    for doc in docs:
+        apply(kube, doc)
+    for doc in dds:
+        name = doc["metadata"]["name"]
+        owner = get_dd(kube, namespace, name)
+        wait_children(kube, owner)
+        obj = wait_ready(kube, namespace, name)
+        status = obj["status"]
+        assert status["observedGeneration"] == obj["metadata"]["generation"]
+        dd = DisaggregatedDeployment.model_validate(obj)
+        for role in ("prefill", "decode"):
+            want = dd.spec.role(role).replicas
+            assert status[role]["display"] == f"{want}/{want}"
+        assert status["ratio"] == f"{dd.spec.prefill.replicas}:{dd.spec.decode.replicas}"
+        assert status["router"]["endpoint"].startswith(f"http://{name}-router.{namespace}.svc:")
+        assert condition(obj, "Degraded")["status"] == "False"
+
+        # kubectl get dd: every printer column is filled (the API server's Table rendering)
+        table = kube.request("GET", DISAGG_DEPLOYMENT.path(namespace, name), accept=TABLE)
+        columns = [c["name"] for c in table["columnDefinitions"]]
+        cells = dict(zip(columns, table["rows"][0]["cells"], strict=True))
+        assert all(cells[c] not in (None, "") for c in columns), cells
+        assert cells["Ready"] == "True"
+        reasons = {e["reason"] for e in events_for(kube, namespace, name)}
+        assert "ChildrenCreated" in reasons
+    assert operator_process.alive()
+
+
+def test_deleting_the_deployment_cascades_to_children(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    apply(kube, tiny_deployment("gone", namespace))
+    owner = get_dd(kube, namespace, "gone")
+    assert wait_children(kube, owner)
+    assert kube.delete(DISAGG_DEPLOYMENT, namespace, "gone")
+    poll(lambda: not children(kube, namespace, "gone"), what="the garbage collector to remove the children")
+    assert kube.get(DISAGG_DEPLOYMENT, namespace, "gone") is None
+
+
+def test_hand_edits_and_deleted_children_are_restored(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    apply(kube, tiny_deployment("drift", namespace))
+    owner = get_dd(kube, namespace, "drift")
+    before = wait_children(kube, owner)
+    wait_ready(kube, namespace, "drift")
+
+    # someone scales the decode pool by hand: the operator owns spec.replicas and takes it back
+    kube.request(
+        "PATCH",
+        DEPLOYMENT.path(namespace, "drift-decode"),
+        query=[("fieldManager", "kubectl-edit")],
+        body={"spec": {"replicas": 5}},
+        content_type=MERGE_PATCH,
+    )
+    poll(lambda: deployment_replicas(kube, namespace, "drift-decode") == 2, what="decode replicas back to 2")
+
+    # someone strips the labels the operator sets from a Service (so even label selectors miss it)
+    labels = before[("Service", "drift-prefill")]["metadata"]["labels"]
+    kube.request(
+        "PATCH",
+        SERVICE.path(namespace, "drift-prefill"),
+        query=[("fieldManager", "kubectl-edit")],
+        body={"metadata": {"labels": dict.fromkeys(labels)}},
+        content_type=MERGE_PATCH,
+    )
+
+    def labels_back() -> bool:
+        svc = kube.get(SERVICE, namespace, "drift-prefill") or {}
+        return dict(svc.get("metadata", {}).get("labels") or {}) == labels
+
+    poll(labels_back, what="the prefill Service's labels restored")
+
+    # someone deletes the router Service and the prefill Deployment
+    old_uids = {
+        key: before[key]["metadata"]["uid"]
+        for key in (("Service", "drift-router"), ("Deployment", "drift-prefill"))
+    }
+    kube.delete(SERVICE, namespace, "drift-router")
+    kube.delete(DEPLOYMENT, namespace, "drift-prefill")
+
+    def recreated() -> bool:
+        now = children(kube, namespace, "drift")
+        return all(key in now and now[key]["metadata"]["uid"] != uid for key, uid in old_uids.items())
+
+    poll(recreated, what="the deleted router Service and prefill Deployment recreated")
+    wait_ready(kube, namespace, "drift")
+    assert operator_process.alive()
+
+
+def test_spec_changes_scale_the_pools_and_prune_what_is_no_longer_rendered(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    # LMCache renders a ConfigMap per pool; NIXL renders none
+    spec = tiny_deployment("change", namespace, kvTransfer={"connector": "lmcache"})
+    apply(kube, spec)
+    first = wait_children(kube, get_dd(kube, namespace, "change"))
+    config_maps = {key for key in first if key[0] == "ConfigMap"}
+    assert config_maps, sorted(first)
+
+    changed = copy.deepcopy(spec)
+    changed["spec"]["decode"] = {"replicas": 3}
+    changed["spec"]["prefill"] = {"replicas": 2}
+    apply(kube, changed)
+    poll(lambda: deployment_replicas(kube, namespace, "change-decode") == 3, what="decode scaled to 3")
+    poll(lambda: deployment_replicas(kube, namespace, "change-prefill") == 2, what="prefill scaled to 2")
+    obj = wait_ready(kube, namespace, "change")
+    assert obj["status"]["ratio"] == "2:3"
+    assert obj["status"]["decode"]["display"] == "3/3"
+
+    # swap the connector: the ConfigMaps are no longer rendered, so they are pruned
+    other = copy.deepcopy(changed)
+    other["spec"]["kvTransfer"] = {"connector": "nixl"}
+    apply(kube, other)
+    after = wait_children(kube, get_dd(kube, namespace, "change"))
+    assert not config_maps & set(after)
+    wait_ready(kube, namespace, "change")
+    reasons = {e["reason"] for e in events_for(kube, namespace, "change")}
+    assert {"ChildrenCreated", "ChildrenUpdated", "ChildrenPruned"} <= reasons
+
+
+def test_autoscaler_desired_replicas_reach_the_pools(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    bounds = {"minReplicas": 1, "maxReplicas": 4}
+    spec = tiny_deployment(
+        "auto",
+        namespace,
+        autoscaling={"enabled": True, "policyRef": {"name": "none"}, "prefill": bounds, "decode": bounds},
+    )
+    apply(kube, spec)
+    wait_children(kube, get_dd(kube, namespace, "auto"))
+    # the autoscaling loop's channel to the reconciler: status.autoscaling.desiredReplicas (clamped)
+    kube.merge_patch_status(
+        DISAGG_DEPLOYMENT,
+        namespace,
+        "auto",
+        {"autoscaling": {"mode": "active", "desiredReplicas": {"prefill": 3, "decode": 9}}},
+    )
+    poll(lambda: deployment_replicas(kube, namespace, "auto-prefill") == 3, what="prefill scaled to 3")
+    poll(lambda: deployment_replicas(kube, namespace, "auto-decode") == 4, what="decode clamped to 4")
+
+    def status_follows() -> bool:
+        status = get_dd(kube, namespace, "auto").get("status") or {}
+        return status.get("ratio") == "3:4"
+
+    poll(status_follows, what="status.ratio 3:4")
+
+
+def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_working(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    # The CRD accepts any string map as a node selector; the API server rejects the Deployment built from it.
+    bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "nodeSelector": {"not a label!": "x"}})
+    apply(kube, bad)
+
+    def degraded() -> JsonDict | None:
+        obj = get_dd(kube, namespace, "broken")
+        found = condition(obj, "Degraded")
+        return found if found.get("status") == "True" else None
+
+    found = poll(degraded, what="broken Degraded")
+    assert found["reason"] == "ApplyFailed"
+    assert "nodeSelector" in found["message"], found["message"]
+    obj = get_dd(kube, namespace, "broken")
+    assert condition(obj, "Ready")["status"] == "False"
+    assert condition(obj, "Progressing")["reason"] == "Blocked"
+    warnings = poll(
+        lambda: [e for e in events_for(kube, namespace, "broken") if e["type"] == "Warning"],
+        what="a Warning Event on broken",
+    )
+    assert any(e["reason"] == "ApplyFailed" and "nodeSelector" in e["message"] for e in warnings)
+
+    # the operator is alive and still reconciles other objects
+    apply(kube, tiny_deployment("healthy", namespace))
+    wait_children(kube, get_dd(kube, namespace, "healthy"))
+    wait_ready(kube, namespace, "healthy")
+    assert operator_process.alive() and operator_process.healthy()
+
+    # fixing the object clears Degraded
+    apply(kube, tiny_deployment("broken", namespace))
+
+    def recovered() -> bool:
+        return condition(get_dd(kube, namespace, "broken"), "Degraded").get("status") == "False"
+
+    poll(recovered, what="broken no longer Degraded")
