@@ -131,8 +131,8 @@ def _final(result: SimResult) -> str:
 
 def format_table(rows: Sequence[Row]) -> str:
     head = (
-        "| policy | trace (requests, span) | model, TP, start P:D | SLO p | static: attainment, GPU-h, "
-        "TTFT p | policy: attainment, GPU-h, TTFT p | P:D peak / end |\n"
+        "| policy | trace (requests, span) | model, TP, start P:D | SLO | static: attainment, GPU-h, "
+        "TTFT p90 | policy: attainment, GPU-h, TTFT p90 | P:D peak / end |\n"
         "|---|---|---|---|---|---|---|"
     )
     lines = [head]
