@@ -253,6 +253,7 @@ def test_a_pod_of_the_example_deployment_gets_a_calibrated_model() -> None:
     spec = pod_spec_for(_pod("prefill"), defaults, Overrides())
     assert spec is not None
     assert (spec.choice.gpu, spec.choice.tp, spec.model_name) == ("NVIDIA-H100-80GB-HBM3", 4, "llama-3.1-70b")
+    assert spec.max_model_len == 32768  # the example's maxModelLen: vLLM's token buckets stop at 20000
     model = load_step_latency(spec.choice)
     assert model.tp == 4 and model.kv_capacity_tokens > 0
 

@@ -60,6 +60,7 @@ class Defaults:
     gpu: str = "h100"
     dtype: str = "bf16"
     engine: EngineKind = "vllm"
+    max_model_len: int | None = None  # the DD's spec.model.maxModelLen (None: the engine default)
     tp: Mapping[str, int] | None = None  # role -> TP from the DD spec
     node_selector: Mapping[str, Mapping[str, str]] | None = None  # role -> nodeSelector from the DD spec
 
@@ -80,6 +81,7 @@ def defaults_from_deployment(obj: Mapping[str, Any] | None, fallback: Defaults |
         gpu=base.gpu,
         dtype="fp8" if (spec.model.quantization or "").startswith("fp8") else base.dtype,
         engine=engine if engine in ENGINE_KINDS else base.engine,
+        max_model_len=spec.model.max_model_len,
         tp={"prefill": spec.prefill.tensor_parallel_size, "decode": spec.decode.tensor_parallel_size},
         node_selector={
             "prefill": spec.prefill.node_selector or {},
@@ -138,6 +140,7 @@ def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Override
         choice=choice,
         engine=overrides.engine or defaults.engine,
         served_model=defaults.served_model or (overrides.model or defaults.model),
+        max_model_len=defaults.max_model_len,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from disagg.twin.latency import LatencyModel
@@ -31,6 +31,7 @@ class PodSpec:
     choice: LatencyChoice
     engine: EngineKind = "vllm"
     served_model: str = ""
+    max_model_len: int | None = None  # None: the pool's engine settings decide
 
     @property
     def model_name(self) -> str:
@@ -112,6 +113,8 @@ class PodPool:
         spec = pod.spec
         model = self._latency(spec.choice)
         engine_settings = self.settings.engine
+        if spec.max_model_len is not None:
+            engine_settings = replace(engine_settings, max_model_len=spec.max_model_len)
         metrics = make_metrics(spec.engine, spec.model_name, engine_settings.max_model_len)
         engine = LiveEngine(
             model,
