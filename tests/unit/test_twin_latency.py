@@ -118,3 +118,17 @@ def test_h200_profile_is_measured_and_holds_more_kv_than_h100() -> None:
     # Only the measured shapes exist; the error lists them.
     with pytest.raises(ValueError, match=r"^tp/dtype: .*llama-3.1-8b/h200/tp1/bf16"):
         load_latency_model("llama-3.1-8b", "h200", 2)
+
+
+def test_fp8_kv_cache_halves_kv_bytes_and_uses_the_fp8_attention_tables() -> None:
+    bf16 = load_latency_model("llama-3.1-70b", "h100", 2, "fp8")
+    fp8 = load_latency_model("llama-3.1-70b", "h100", 2, "fp8", kv_dtype="fp8")
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * bf16.kv_capacity_tokens, abs=1)
+    assert fp8.kv_transfer_time_s(8192) < bf16.kv_transfer_time_s(8192)
+    # decode attention over 64 x 8k tokens reads half the bytes: the measured fp8-KV kernel is faster
+    assert fp8.decode_step_time_s(64, 64 * 8192) < bf16.decode_step_time_s(64, 64 * 8192)
+    with pytest.raises(ValueError, match=r"^kv_dtype"):
+        load_latency_model("llama-3.1-8b", "h100", 1, kv_dtype="int4")
+    with pytest.raises(ValueError, match=r"^kv_dtype: no FP8"):
+        load_latency_model("llama-3.1-8b", "h200", 1, kv_dtype="fp8")

@@ -31,7 +31,7 @@ def trace(rate: float = 4.0, duration: float = 120.0, seed: int = 3) -> list[Req
     return poisson(rate, duration, LengthDist(1500, 0.8, hi=8000), LengthDist(150, 1.0, hi=1000), seed=seed)
 
 
-def run_engine(core: EngineCore, reqs: list[SimRequest]) -> list:
+def run_engine(core: EngineCore, reqs: list[SimRequest]) -> list[tuple[int, int, int, int]]:
     """Drive one engine to completion with every request admitted at t=0; returns the planned steps."""
     now = 0.0
     for r in reqs:
@@ -281,3 +281,19 @@ def test_a_step_that_preempts_admits_no_waiting_request() -> None:
         now = step.end
     assert preempting_steps >= 1
     assert all(r.generated == r.output for r in reqs) and core.kv_used == 0
+
+
+def test_kv_cache_dtype_comes_from_the_engine_args_of_a_disaggregated_deployment() -> None:
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vllm-nixl.yaml"
+    dd = yaml.safe_load(example.read_text())
+    assert SimDeployment.from_dict(dd).kv_dtype == "bf16"
+    fp8 = copy.deepcopy(dd)
+    fp8["spec"]["decode"]["args"] = ["--kv-cache-dtype=fp8_e4m3"]
+    assert SimDeployment.from_dict(fp8).kv_dtype == "fp8"
+    with pytest.raises(ValueError, match=r"^kv_dtype"):
+        pd_8b(kv_dtype="int4")

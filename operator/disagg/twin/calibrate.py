@@ -214,7 +214,7 @@ class AllReduceTable:
 
 
 def fit_context_attention(
-    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int
+    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int, kv_dtype: str = "bfloat16"
 ) -> tuple[float, float]:
     """Per-layer prefill attention: latency_ms = a + c * batch * isl^2 (relative least squares)."""
     pts = [
@@ -222,13 +222,13 @@ def fit_context_attention(
         for r in rows
         if (r["num_heads"], r["num_key_value_heads"], r["head_dim"]) == (heads, kv_heads, hd)
         and r["window_size"] == 0
-        and r["kv_cache_dtype"] == "bfloat16"
+        and r["kv_cache_dtype"] == kv_dtype
     ]
     return _fit_affine(pts)
 
 
 def fit_generation_attention(
-    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int
+    rows: list[dict[str, Any]], heads: int, kv_heads: int, hd: int, kv_dtype: str = "bfloat16"
 ) -> tuple[float, float]:
     """Per-layer decode attention: latency_ms = a + g * batch * context (relative least squares)."""
     pts = [
@@ -236,7 +236,7 @@ def fit_generation_attention(
         for r in rows
         if (r["num_heads"], r["num_key_value_heads"], r["head_dim"]) == (heads, kv_heads, hd)
         and r["window_size"] == 0
-        and r["kv_cache_dtype"] == "bfloat16"
+        and r["kv_cache_dtype"] == kv_dtype
     ]
     return _fit_affine(pts)
 
@@ -297,6 +297,9 @@ def h100_entry(cal: Path, a: Arch, tp: int, dtype: str, cache: dict[str, Any]) -
     lm_head_ms = [gemm.latency(m, a.vocab // tp, a.hidden) for m in M_GRID]
     ca, cc = fit_context_attention(cache["ctx"], heads, kvh, a.head_dim)
     ga, gg = fit_generation_attention(cache["gen"], heads, kvh, a.head_dim)
+    # FP8 KV cache (vLLM --kv-cache-dtype fp8): the same tables' fp8 rows.
+    fca, fcc = fit_context_attention(cache["ctx"], heads, kvh, a.head_dim, "fp8")
+    fga, fgg = fit_generation_attention(cache["gen"], heads, kvh, a.head_dim, "fp8")
     return {
         "source": "aiconfigurator/h100_sxm vLLM 0.24 kernel tables (gemm, context/generation attention, "
         "custom all-reduce); see disagg.twin.calibrate",
@@ -305,6 +308,10 @@ def h100_entry(cal: Path, a: Arch, tp: int, dtype: str, cache: dict[str, Any]) -
         "lm_head_ms": [round(x, 5) for x in lm_head_ms],
         "ctx_attn_ms": [a.layers * ca, a.layers * cc],
         "gen_attn_ms": [a.layers * ga, a.layers * gg],
+        "kv_fp8": {
+            "ctx_attn_ms": [a.layers * fca, a.layers * fcc],
+            "gen_attn_ms": [a.layers * fga, a.layers * fgg],
+        },
     }
 
 

@@ -120,10 +120,19 @@ class LatencyModel:
         allreduce = coefficients.get("allreduce_ms")
         self._allreduce = None if allreduce is None else [f * x / 1000 for x in allreduce]
         self._lm_head = [f * x / 1000 for x in coefficients["lm_head_ms"]]
-        self._ctx_a = float(f * coefficients["ctx_attn_ms"][0] / 1000)
-        self._ctx_c = float(f * coefficients["ctx_attn_ms"][1] / 1000)
-        self._gen_a = float(f * coefficients["gen_attn_ms"][0] / 1000)
-        self._gen_g = float(f * coefficients["gen_attn_ms"][1] / 1000)
+        attn = coefficients
+        if kv_dtype == "fp8":
+            if "kv_fp8" not in coefficients:
+                raise ValueError(
+                    f"kv_dtype: no FP8 KV-cache attention table for {model.name} on {gpu.name} tp{tp}"
+                )
+            attn = coefficients["kv_fp8"]
+        elif kv_dtype != "bf16":
+            raise ValueError(f"kv_dtype: {kv_dtype!r} is not 'bf16' or 'fp8'")
+        self._ctx_a = float(f * attn["ctx_attn_ms"][0] / 1000)
+        self._ctx_c = float(f * attn["ctx_attn_ms"][1] / 1000)
+        self._gen_a = float(f * attn["gen_attn_ms"][0] / 1000)
+        self._gen_g = float(f * attn["gen_attn_ms"][1] / 1000)
         self._fixed = runtime.step_overhead_s
         self.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype)
         self.kv_capacity_tokens = self._kv_capacity_tokens()
@@ -281,8 +290,13 @@ def load_gpu_spec(gpu: str) -> GpuSpec:
 
 
 @functools.cache
-def load_latency_model(model: str, gpu: str, tp: int, dtype: str = "bf16") -> LatencyModel:
-    """The latency model for (model, gpu, tp, dtype), e.g. ``("llama-3.1-70b", "h100", 4, "fp8")``."""
+def load_latency_model(
+    model: str, gpu: str, tp: int, dtype: str = "bf16", kv_dtype: str = "bf16"
+) -> LatencyModel:
+    """The latency model for (model, gpu, tp, dtype), e.g. ``("llama-3.1-70b", "h100", 4, "fp8")``.
+
+    ``kv_dtype="fp8"`` models vLLM's ``--kv-cache-dtype fp8``: half the KV bytes per token (capacity,
+    transfer) and the FP8-KV attention kernels, where the profile has them (H100 kernel tables)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     mc = load_model_config(model)
@@ -301,4 +315,4 @@ def load_latency_model(model: str, gpu: str, tp: int, dtype: str = "bf16") -> La
         activation_reserve_gib=float(rt["activation_reserve_gib"]),
         gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
     )
-    return LatencyModel(mc, gs, tp, dtype, entry, coef["m_grid"], runtime)
+    return LatencyModel(mc, gs, tp, dtype, entry, coef["m_grid"], runtime, kv_dtype)

@@ -76,6 +76,7 @@ class SimDeployment:
     model: str
     gpu: str = "h100"
     dtype: str = "bf16"
+    kv_dtype: str = "bf16"  # vLLM --kv-cache-dtype: bf16 (auto for bf16 models) or fp8
     mode: Literal["pd", "colocated"] = "pd"
     prefill: PoolSpec | None = None
     decode: PoolSpec | None = None
@@ -98,6 +99,8 @@ class SimDeployment:
             raise ValueError(f"mode: {self.mode!r} is not 'pd' or 'colocated'")
         if self.routing not in ("round_robin", "least_outstanding", "random"):
             raise ValueError(f"routing: {self.routing!r} is not round_robin, least_outstanding or random")
+        if self.kv_dtype not in ("bf16", "fp8"):
+            raise ValueError(f"kv_dtype: {self.kv_dtype!r} is not 'bf16' or 'fp8'")
         if self.startup_delay_s < 0:
             raise ValueError(f"startup_delay_s: must be >= 0, got {self.startup_delay_s}")
 
@@ -153,6 +156,17 @@ def _get(obj: Mapping[str, Any], *path: str, default: Any = None) -> Any:
     return cur
 
 
+def _engine_flag(args: Sequence[str], flag: str) -> str | None:
+    """The string value of ``--flag V`` or ``--flag=V`` (the last one wins), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
 def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
     """The value of an engine flag given as ``--flag N`` or ``--flag=N`` (the last one wins)."""
     value = default
@@ -204,10 +218,19 @@ def _from_dd_dict(obj: Mapping[str, Any]) -> SimDeployment:
     )
     dtype = _get(spec, "model", "dtype") or _get(spec, "model", "quantization") or "bf16"
     name = _get(obj, "metadata", "name", default="twin")
+    # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
+    engine_args = [
+        str(a)
+        for a in (_get(spec, "engine", "args", default=[]) or [])
+        + (_get(spec, "prefill", "args") or [])
+        + (_get(spec, "decode", "args") or [])
+    ]
+    kv = _engine_flag(engine_args, "--kv-cache-dtype") or "auto"
     return SimDeployment(
         model=model,
         gpu=str(gpu),
         dtype="fp8" if str(dtype).lower() == "fp8" else "bf16",
+        kv_dtype="fp8" if kv.startswith("fp8") else "bf16",
         prefill=pool("prefill"),
         decode=pool("decode"),
         name=str(name),
@@ -427,7 +450,9 @@ class Simulator:
         )
         for role, spec in roles:
             assert spec is not None
-            lat = load_latency_model(deployment.model, deployment.gpu, spec.tp, deployment.dtype)
+            lat = load_latency_model(
+                deployment.model, deployment.gpu, spec.tp, deployment.dtype, deployment.kv_dtype
+            )
             pool = Pool(role, spec, lat, deployment.prefix_caching and role != "decode")
             self.pools[role] = pool
             for _ in range(spec.replicas):
