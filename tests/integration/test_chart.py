@@ -481,7 +481,23 @@ def _children_reconciled(apps: client.AppsV1Api, namespace: str, dd: str, decode
     )
 
 
-def _helm_install(tools: Tools, tmp_path: Path, release: str, namespace: str, values: dict[str, Any]) -> None:
+@pytest.fixture
+def releases(tools: Tools, namespace: str) -> Iterator[list[str]]:
+    """Releases a test installs into ``namespace``; uninstalled before the namespace goes, so their
+    cluster-scoped objects (ClusterRole, ClusterRoleBinding, ClusterKopfPeering) go too."""
+    installed: list[str] = []
+    try:
+        yield installed
+    finally:
+        for release in installed:
+            tools.helm_run("uninstall", release, "-n", namespace, "--ignore-not-found", "--wait", check=False)
+
+
+def _helm_install(
+    tools: Tools, tmp_path: Path, releases: list[str], namespace: str, values: dict[str, Any]
+) -> str:
+    release = _release()
+    releases.append(release)
     tools.helm_run(
         "install",
         release,
@@ -491,6 +507,7 @@ def _helm_install(tools: Tools, tmp_path: Path, release: str, namespace: str, va
         "-f",
         str(_values_file(tmp_path, values, f"{release}.yaml")),
     )
+    return release
 
 
 def _access(api: client.ApiClient, verb: str, resource: str, namespace: str | None, group: str = "") -> bool:
@@ -513,12 +530,12 @@ def test_install_then_operator_reconciles_under_the_charts_rbac(
     namespace: str,
     extra_namespace: str,
     tmp_path: Path,
+    releases: list[str],
 ) -> None:
     # The operator lives in `namespace` and serves only `extra_namespace` (where users deploy models).
-    release = _release()
     served = extra_namespace
-    _helm_install(
-        tools, tmp_path, release, namespace, {"watch": {"scope": "namespaces", "namespaces": [served]}}
+    release = _helm_install(
+        tools, tmp_path, releases, namespace, {"watch": {"scope": "namespaces", "namespaces": [served]}}
     )
     sa_config = _sa_kubeconfig(
         k8s_api, cluster, namespace, _fullname(release), tmp_path / "operator.kubeconfig"
@@ -644,11 +661,16 @@ def _labelled(k8s_api: Any, release: str, namespaces: Sequence[str]) -> list[str
 
 
 def test_upgrade_and_uninstall_leave_no_orphans(
-    tools: Tools, chart_crds: list[str], k8s_api: Any, namespace: str, extra_namespace: str, tmp_path: Path
+    tools: Tools,
+    chart_crds: list[str],
+    k8s_api: Any,
+    namespace: str,
+    extra_namespace: str,
+    tmp_path: Path,
+    releases: list[str],
 ) -> None:
-    release = _release()
     both = {"watch": {"scope": "namespaces", "namespaces": [namespace, extra_namespace]}}
-    _helm_install(tools, tmp_path, release, namespace, both)
+    release = _helm_install(tools, tmp_path, releases, namespace, both)
     installed = _labelled(k8s_api, release, [namespace, extra_namespace])
     assert f"Role/{extra_namespace}/{_fullname(release)}" in installed
     assert f"KopfPeering/{extra_namespace}/{_fullname(release)}" in installed
@@ -708,13 +730,13 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
     namespace: str,
     extra_namespace: str,
     tmp_path: Path,
+    releases: list[str],
 ) -> None:
-    release = _release()
     served = extra_namespace
-    _helm_install(
+    release = _helm_install(
         tools,
         tmp_path,
-        release,
+        releases,
         namespace,
         {
             "watch": {"scope": "namespaces", "namespaces": [served]},
