@@ -15,6 +15,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "--handshake",
         choices=HANDSHAKES,
         help="the proxy's P/D pairing: vLLM's NIXL kv_transfer_params or SGLang's bootstrap room "
-        "(default: bootstrap with --engine sglang, else nixl)",
+        "(default: bootstrap when the prefill pods play SGLang, else nixl)",
     )
     run.add_argument("--endpoints-file", type=Path, help="keep a JSON map of pods to endpoints here")
     run.add_argument("--duration", type=float, help="stop after this many wall seconds")
@@ -157,6 +158,12 @@ async def _keep_endpoints_file(path: Path, pool: PodPool, proxy_url: str | None)
         await asyncio.sleep(ENDPOINTS_FILE_REFRESH_S)
 
 
+def pool_handshake(pool: PodPool) -> Handshake:
+    """SGLang's bootstrap pairing when the serving prefill pods play SGLang, else vLLM's NIXL handshake."""
+    engines = {p.spec.engine for p in pool.pods.values() if p.spec.role == "prefill" and p.state == "serving"}
+    return "bootstrap" if engines == {"sglang"} else "nixl"
+
+
 async def serve(args: argparse.Namespace) -> int:
     from disagg.twin.live.follower import Overrides, PodFollower
 
@@ -180,7 +187,7 @@ async def serve(args: argparse.Namespace) -> int:
         await pool.reconcile(fixed_layout(args))
     proxy = None
     if args.proxy_port is not None:
-        handshake: Handshake = args.handshake or ("bootstrap" if args.engine == "sglang" else "nixl")
+        handshake: Handshake | Callable[[], Handshake] = args.handshake or (lambda: pool_handshake(pool))
         proxy = ToyPDProxy(
             lambda: pool.endpoints("prefill"),
             lambda: pool.endpoints("decode"),

@@ -72,13 +72,13 @@ class ToyPDProxy:
         decode: EndpointSource,
         settings: ServerSettings | None = None,
         attempts: int = 3,
-        handshake: Handshake = "nixl",
+        handshake: Handshake | Callable[[], Handshake] = "nixl",
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
-        if handshake not in HANDSHAKES:
+        if not callable(handshake) and handshake not in HANDSHAKES:
             raise ValueError(f"handshake must be one of {HANDSHAKES}, got {handshake!r}")
-        self.handshake = handshake
+        self.handshake = handshake  # or a callable deciding per request (e.g. from the pods' engine)
         self.prefill = prefill
         self.decode = decode
         self.settings = settings or ServerSettings()
@@ -146,7 +146,8 @@ class ToyPDProxy:
         if not isinstance(body, dict):
             return error_response(400, "request body must be a JSON object")
         headers = {"X-Request-Id": request.headers.get("X-Request-Id", f"proxy-{next(self._counter)}")}
-        if self.handshake == "bootstrap":
+        handshake = self.handshake() if callable(self.handshake) else self.handshake
+        if handshake == "bootstrap":
             return await self._forward_bootstrap(request, path, body, headers)
         answer: Any = None
         for _ in range(self.attempts):  # a pod removed between pick and post: try the next one
