@@ -312,3 +312,18 @@ def test_sglang_bootstrap_pairs_a_prefill_and_a_decode_engine() -> None:
     assert p_record.ttft_s is not None and d_record.ttft_s is not None
     assert d_record.ttft_s >= p_record.ttft_s + MODEL.kv_transfer_time_s(3000, "nic")
     assert 'vllm:prompt_tokens_total{engine="0",model_name="m"} 0.0' in render(decode.metrics).decode()
+
+
+def test_drain_finishes_in_flight_requests_and_refuses_new_ones() -> None:
+    async def scenario() -> tuple[int, str | None]:
+        engine = _engine()
+        engine.start()
+        request = engine.submit(500, 20)
+        draining = asyncio.ensure_future(engine.drain(timeout_s=60.0))
+        await asyncio.sleep(0)
+        with pytest.raises(EngineUnavailable):
+            engine.submit(10, 10)
+        aborted = await draining
+        return aborted, request.finish_reason
+
+    assert asyncio.run(scenario()) == (0, "length")
