@@ -54,60 +54,36 @@ calibration. Known misses are strict xfails with the reason, so the table stays 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from disagg.twin.fidelity import (
+    AICONFIG,
+    NIM_CONCURRENCY,
+    NIM_SINGLE,
+    TOLERANCE,
+    ClosedLoopPoint,
+    closed_loop_latency,
+)
+from disagg.twin.fidelity import rel_err as _rel_err
 from disagg.twin.latency import load_latency_model
-from disagg.twin.sim import ClosedLoop, PoolSpec, SimDeployment, simulate
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration"
-TOLERANCE = 0.25
-
-
-@dataclass(frozen=True)
-class ClosedLoopPoint:
-    isl: int
-    concurrency: int
-    ttft_s: float
-    tpot_s: float
-
-
-def closed_loop(
-    model: str, tp: int, dtype: str, conc: int, isl: int, osl: int, tpot_guess: float, burst: bool = False
-) -> tuple[float, float]:
-    """Mean TTFT and TPOT after a warm-up third. ``burst``: every client starts at t=0 (aiconfigurator's
-    dispatch semantics) instead of at a seeded random time within one request's duration."""
-    dep = SimDeployment(model=model, dtype=dtype, mode="colocated", colocated=PoolSpec(1, tp))
-    total = max(3, conc * 8)
-    loop = ClosedLoop(conc, isl, osl, total, 0.0 if burst else osl * tpot_guess, not burst)
-    res = simulate(dep, [], closed_loop=loop, seed=1)
-    k = total // 3
-    return float(np.nanmean(res.ttft[k:])), float(np.nanmean(res.itl_mean[k:]))
-
-
-# aiconfigurator measurements quoted in ../shared/README.md (Llama-3.1-70B FP8, vLLM, H100 TP8, 1024 out).
-AICONFIG = [
-    ClosedLoopPoint(1024, 4, 0.070, 0.0091),
-    ClosedLoopPoint(1024, 64, 0.185, 0.0155),
-    ClosedLoopPoint(8192, 4, 0.301, 0.0102),
-    ClosedLoopPoint(8192, 64, 1.150, 0.0345),
-]
 QUEUEING_MISS = (
     "client phase: desynchronised clients (the default, which meets the 4-in-flight points) give 94/777 ms "
     "at 64 in flight against 185/1150 published; see the module docstring and the bracket test"
 )
 
 
-def _rel_err(pred: float, pub: float) -> float:
-    return abs(pred - pub) / pub
+def _label(p: ClosedLoopPoint) -> str:
+    return f"{p.isl}in-{p.concurrency}flight"
 
 
-@pytest.mark.parametrize("point", AICONFIG, ids=lambda p: f"{p.isl}in-{p.concurrency}flight")
+@pytest.mark.parametrize("point", AICONFIG, ids=_label)
 def test_aiconfigurator_tpot(point: ClosedLoopPoint) -> None:
-    _, tpot = closed_loop("llama-3.1-70b", 8, "fp8", point.concurrency, point.isl, 1024, point.tpot_s)
+    _, tpot = closed_loop_latency(point)
     assert _rel_err(tpot, point.tpot_s) <= TOLERANCE, (
         f"TPOT twin {tpot * 1e3:.1f} ms vs {point.tpot_s * 1e3} ms"
     )
@@ -121,69 +97,46 @@ def test_aiconfigurator_tpot(point: ClosedLoopPoint) -> None:
         else p
         for p in AICONFIG
     ],
-    ids=lambda p: f"{p.isl}in-{p.concurrency}flight",
+    ids=_label,
 )
 def test_aiconfigurator_ttft(point: ClosedLoopPoint) -> None:
-    ttft, _ = closed_loop("llama-3.1-70b", 8, "fp8", point.concurrency, point.isl, 1024, point.tpot_s)
+    ttft, _ = closed_loop_latency(point)
     assert _rel_err(ttft, point.ttft_s) <= TOLERANCE, (
         f"TTFT twin {ttft * 1e3:.0f} ms vs {point.ttft_s * 1e3} ms"
     )
 
 
-@pytest.mark.parametrize("point", [p for p in AICONFIG if p.concurrency == 64], ids=lambda p: f"{p.isl}in")
+@pytest.mark.parametrize("point", [p for p in AICONFIG if p.concurrency == 64], ids=_label)
 def test_aiconfigurator_ttft_at_64_lies_between_the_client_phase_limits(point: ClosedLoopPoint) -> None:
     """The two limits of closed-loop client phase bracket the published TTFT (within the tolerance):
     desynchronised clients (94 / 777 ms for 1k / 8k in) and all clients dispatched at t=0 with fixed
     lengths, whose cohorts stay locked (667 / 1091 ms)."""
-    spread, _ = closed_loop("llama-3.1-70b", 8, "fp8", 64, point.isl, 1024, point.tpot_s)
-    locked, _ = closed_loop("llama-3.1-70b", 8, "fp8", 64, point.isl, 1024, point.tpot_s, burst=True)
+    spread, _ = closed_loop_latency(point)
+    locked, _ = closed_loop_latency(point, burst=True)
     assert spread < locked
     assert spread * (1 - TOLERANCE) <= point.ttft_s <= locked * (1 + TOLERANCE), (spread, locked)
 
 
-@dataclass(frozen=True)
-class NimPoint:
-    concurrency: int
-    ttft_s: float
-    itl_s: float
-
-
-# NVIDIA NIM LLM benchmarking docs 1.0.0, "Performance", Llama-3.3-70b-instruct NIM 1.8.0, 2 x H100 80G,
-# fp8 TP2, 5000 input / 500 output tokens, AIPerf at fixed concurrency
-# (https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance).
-NIM_CONCURRENCY = [
-    NimPoint(5, 0.5467, 0.02183),
-    NimPoint(25, 0.68869, 0.03875),
-    NimPoint(50, 0.83451, 0.05973),
-    NimPoint(100, 7.99625, 0.09291),
-]
-
-
-def nim_closed_loop(point: NimPoint, kv_dtype: str) -> tuple[float, float]:
-    dep = SimDeployment(
-        model="llama-3.3-70b", dtype="fp8", kv_dtype=kv_dtype, mode="colocated", colocated=PoolSpec(1, 2)
-    )
-    total = point.concurrency * 8
-    loop = ClosedLoop(point.concurrency, 5000, 500, total, 500 * point.itl_s, True)
-    res = simulate(dep, [], closed_loop=loop, seed=1)
-    k = total // 3
-    return float(np.nanmean(res.ttft[k:])), float(np.nanmean(res.itl_mean[k:]))
-
-
 @pytest.mark.parametrize("point", NIM_CONCURRENCY, ids=lambda p: f"{p.concurrency}flight")
-def test_nim_llama33_70b_fp8_tp2_under_concurrency_with_fp8_kv(point: NimPoint) -> None:
+def test_nim_llama33_70b_fp8_tp2_under_concurrency_with_fp8_kv(point: ClosedLoopPoint) -> None:
     """NIM's table does not name its KV-cache dtype. With an FP8 KV cache (460k tokens on 2 x H100) the
     twin meets every row, including the saturated one at 100 in flight (83 of 100 prompts fit, the rest
     queue); with BF16 KV (230k tokens) only 41 fit and the 50/100 rows' TTFT is 6 s / 47 s."""
-    ttft, itl = nim_closed_loop(point, "fp8")
+    ttft, itl = closed_loop_latency(point)
     assert _rel_err(ttft, point.ttft_s) <= TOLERANCE, f"TTFT {ttft * 1e3:.0f} vs {point.ttft_s * 1e3:.0f} ms"
-    assert _rel_err(itl, point.itl_s) <= TOLERANCE, f"ITL {itl * 1e3:.1f} vs {point.itl_s * 1e3:.1f} ms"
+    assert _rel_err(itl, point.tpot_s) <= TOLERANCE, f"ITL {itl * 1e3:.1f} vs {point.tpot_s * 1e3:.1f} ms"
+
+
+def test_nim_fp8_kv_is_what_the_50_in_flight_row_needs() -> None:
+    """With BF16 KV the 50-in-flight row is KV-capacity-bound in the twin: prompts queue for seconds."""
+    ttft, _ = closed_loop_latency(NIM_CONCURRENCY[2], kv_dtype="bf16")
+    assert ttft > 3 * NIM_CONCURRENCY[2].ttft_s
 
 
 def test_nim_llama33_70b_fp8_tp2_single_request() -> None:
-    ttft, itl = closed_loop("meta-llama/Llama-3.3-70B-Instruct", 2, "fp8", 1, 5000, 500, 0.0186)
-    assert _rel_err(ttft, 0.407) <= TOLERANCE, f"TTFT {ttft * 1e3:.0f} ms vs 407 ms"
-    assert _rel_err(itl, 0.0186) <= TOLERANCE, f"ITL {itl * 1e3:.1f} ms vs 18.6 ms"
+    ttft, itl = closed_loop_latency(NIM_SINGLE)
+    assert _rel_err(ttft, NIM_SINGLE.ttft_s) <= TOLERANCE, f"TTFT {ttft * 1e3:.0f} ms vs 407 ms"
+    assert _rel_err(itl, NIM_SINGLE.tpot_s) <= TOLERANCE, f"ITL {itl * 1e3:.1f} ms vs 18.6 ms"
 
 
 def _vidur_h100_linear(model: str = "Llama-2-70b-hf") -> dict[tuple[int, int], float]:

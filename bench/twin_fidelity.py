@@ -1,0 +1,141 @@
+"""Print the twin's fidelity table: every published or measured point, the twin's prediction, the difference.
+
+The same points are asserted (within 25%, known misses as strict xfails with their reason) by
+tests/unit/test_twin_fidelity.py; this script only prints them, for the closing note. Seconds on one core.
+
+Usage: python bench/twin_fidelity.py
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+from disagg.twin.calibrate import (
+    DEFAULT_H200_CSV,
+    H200_FIT,
+    Arch,
+    ForwardRow,
+    GemmTable,
+    _read_parquet,
+    launch_bound,
+    linear_layers_ms,
+    load_archs,
+    read_forward_csv,
+)
+from disagg.twin.fidelity import AICONFIG, NIM_CONCURRENCY, NIM_SINGLE, TOLERANCE, closed_loop_latency
+from disagg.twin.latency import LatencyModel, load_latency_model
+
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration"
+# source: NVIDIA H100 SXM (3.35 TB/s) and H200 (4.8 TB/s) datasheets (profiles/gpus.yaml).
+HBM_RATIO = 4.8 / 3.35
+
+
+def row(name: str, twin: float, ref: float, unit: str = "ms", note: str = "") -> None:
+    diff = (twin - ref) / ref
+    flag = "" if abs(diff) <= TOLERANCE else "  MISS"
+    print(f"{name:<58} {twin:>9.1f} {ref:>9.1f} {unit:<3} {diff:>+7.0%}{flag}  {note}")
+
+
+def closed_loop_rows() -> None:
+    print("\n== colocated closed loop (desynchronised clients) ==")
+    for p in AICONFIG:
+        ttft, tpot = closed_loop_latency(p)
+        locked, _ = closed_loop_latency(p, burst=True) if p.concurrency == 64 else (float("nan"), 0.0)
+        note = f"locked-cohort limit {locked * 1e3:.0f} ms" if p.concurrency == 64 else ""
+        row(f"aiconfigurator 70B fp8 TP8 {p.label} TTFT", ttft * 1e3, p.ttft_s * 1e3, note=note)
+        row(f"aiconfigurator 70B fp8 TP8 {p.label} TPOT", tpot * 1e3, p.tpot_s * 1e3)
+    for p in (NIM_SINGLE, *NIM_CONCURRENCY):
+        ttft, itl = closed_loop_latency(p)
+        note = f"KV {p.kv_dtype}"
+        if p.kv_dtype == "fp8" and p.concurrency >= 50:
+            bf16, _ = closed_loop_latency(p, kv_dtype="bf16")
+            note += f"; with bf16 KV {bf16 * 1e3:.0f} ms"
+        row(f"NIM 3.3-70B fp8 TP2 {p.label} TTFT", ttft * 1e3, p.ttft_s * 1e3, note=note)
+        row(f"NIM 3.3-70B fp8 TP2 {p.label} ITL", itl * 1e3, p.tpot_s * 1e3)
+
+
+def splitwise_rows() -> None:
+    print("\n== Splitwise (2023 stack), Llama2-70B H100 TP8 prompt time ==")
+    m = load_latency_model("llama-3.1-70b", "h100", 8, "bf16")
+    for prompt, pub in ((1024, 78.0), (8192, 845.0)):
+        row(f"Splitwise prompt {prompt}", m.prefill_time_s([prompt]) * 1e3, pub)
+
+
+def vidur_rows() -> None:
+    gemm_path = SHARED / "aiconfigurator" / "h100_sxm" / "gemm_vllm_0.24.0_gemm_perf.parquet"
+    if not gemm_path.is_file():
+        print("\n(vidur rows skipped: ../shared/calibration not present)")
+        return
+    print("\n== vidur H100 per-layer linear layers (qkv+o+up+down), worst token count of 1..4096 ==")
+    gemm = GemmTable(r for r in _read_parquet(gemm_path) if r["gemm_dtype"] == "bfloat16")
+    # config.json of meta-llama/Llama-2-7b-hf: 32 layers, hidden 4096, intermediate 11008, 32 heads.
+    archs = {
+        "Llama-2-70b-hf": load_archs()["llama-3.1-70b"],
+        "Llama-2-7b-hf": Arch(32, 4096, 11008, 32, 32, 128, 32000, 6.7),
+    }
+    ops = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+    for model, arch in archs.items():
+        vid: dict[tuple[int, int], float] = {}
+        with (SHARED / "vidur" / f"h100_{model}_mlp.csv").open() as f:
+            for r in csv.DictReader(f):
+                key = (int(r["num_tensor_parallel_workers"]), int(r["num_tokens"]))
+                vid[key] = sum(float(r[f"time_stats.{op}.median"]) for op in ops)
+        for tp in (1, 2, 4, 8):
+            worst = max(
+                (1, 16, 64, 256, 1024, 4096),
+                key=lambda n: abs(linear_layers_ms(gemm, arch, tp, n) - vid[(tp, n)]) / vid[(tp, n)],
+            )
+            row(
+                f"vidur {model} TP{tp} at {worst} tokens",
+                linear_layers_ms(gemm, arch, tp, worst) * 1e3,
+                vid[(tp, worst)] * 1e3,
+                "us",
+            )
+
+
+def shard_ms(model: LatencyModel, r: ForwardRow) -> float:
+    if r.phase == "prefill":
+        return 1e3 * model.shard_forward_time_s(r.tokens, float(r.tokens**2))
+    return 1e3 * model.shard_forward_time_s(r.batch, 0.0, r.batch * r.context)
+
+
+def h200_rows() -> None:
+    print("\n== H200 measured forward passes (bench/gpu/results/h200-2026-11-30) ==")
+    rows = read_forward_csv(DEFAULT_H200_CSV)
+    for model, tp in (("llama-3.1-8b", 1), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8)):
+        mine = [r for r in rows if r.model == model and r.tp == tp]
+        bound = launch_bound(mine)
+        h200, h100 = load_latency_model(model, "h200", tp), load_latency_model(model, "h100", tp)
+        for r in mine:
+            held = (r.phase == "decode" and r.context not in H200_FIT.decode_contexts) or (
+                r.phase == "prefill" and r.tokens not in H200_FIT.prefill_tokens and r.tokens not in bound
+            )
+            if held:
+                shape = f"B={r.batch} C={r.context}" if r.phase == "decode" else f"L={r.tokens}"
+                row(f"H200 {model} TP{tp} held-out {r.phase} {shape}", shard_ms(h200, r), r.ms)
+        print(f"   (prefill rows launch-bound in eager mode, excluded: {sorted(bound)})")
+        for r in mine:
+            if r.phase == "decode" and ((r.batch == 1 and r.context == 2048) or r.batch * r.context >= 2**21):
+                ratio = shard_ms(h100, r) / r.ms
+                row(
+                    f"cross-GPU {model} TP{tp} H100twin/H200meas B={r.batch} C={r.context}",
+                    ratio * 100,
+                    HBM_RATIO * 100,
+                    "%",
+                    "vs HBM ratio 1.43",
+                )
+
+
+def main() -> int:
+    print(f"{'point':<58} {'twin':>9} {'ref':>9}     {'diff':>7}")
+    closed_loop_rows()
+    splitwise_rows()
+    vidur_rows()
+    h200_rows()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
