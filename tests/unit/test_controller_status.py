@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
 from disagg.controller.gate import ReconcileGate
+from disagg.controller.reconcile import FULL, REFRESH, SKIP, Applied, Reconciler
+from disagg.controller.settings import ControllerSettings
 from disagg.controller.status import (
     Problem,
     RoleState,
@@ -14,7 +17,7 @@ from disagg.controller.status import (
     set_condition,
     status_differs,
 )
-from disagg.k8s.apply import controller_owner, owner_reference, with_owner
+from disagg.k8s.apply import controller_owner, matches, owner_reference, with_owner
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -157,18 +160,67 @@ def test_gate_folds_a_burst_into_one_follow_up_run() -> None:
         release.wait(5)
         return "first"
 
-    first = threading.Thread(target=gate.run, args=("k", slow))
+    first = threading.Thread(target=gate.run, args=("k", 0, lambda level: slow()))
     first.start()
     started.wait(5)
     results: list[tuple[bool, object]] = []
-    follow_up = threading.Thread(target=lambda: results.append(gate.run("k", lambda: runs.append("second"))))
+    follow_up = threading.Thread(
+        target=lambda: results.append(gate.run("k", 0, lambda level: runs.append(f"second at {level}")))
+    )
     follow_up.start()
-    # A third trigger while the follow-up is queued is folded into it; wait until the follow-up is queued.
+    # A third trigger while the follow-up is queued is folded into it, raising its level.
     while not gate._slots["k"].waiting:
         threading.Event().wait(0.001)
-    assert gate.run("k", lambda: runs.append("third")) == (False, None)
+    assert gate.run("k", 1, lambda level: runs.append("third")) == (False, None)
     release.set()
     first.join(5)
     follow_up.join(5)
-    assert runs == ["first", "second"]
+    assert runs == ["first", "second at 1"]
     assert results and results[0][0] is True
+
+
+def test_matches_allows_server_additions_but_not_changes() -> None:
+    desired = {
+        "spec": {"replicas": 2, "ports": [{"port": 8000, "name": "http"}]},
+        "metadata": {"labels": {"a": "1"}},
+    }
+    live = copy.deepcopy(desired)
+    live["spec"]["ports"][0]["protocol"] = "TCP"
+    live["metadata"]["labels"]["added-by-someone"] = "x"
+    live["status"] = {"readyReplicas": 1}
+    assert matches(desired, live)
+    assert matches({"limits": {"nvidia.com/gpu": 1}}, {"limits": {"nvidia.com/gpu": "1"}})
+    scaled = copy.deepcopy(live)
+    scaled["spec"]["replicas"] = 5
+    assert not matches(desired, scaled)
+    unlabeled = copy.deepcopy(live)
+    del unlabeled["metadata"]["labels"]["a"]
+    assert not matches(desired, unlabeled)
+    extra_port = copy.deepcopy(live)
+    extra_port["spec"]["ports"].append({"port": 1})
+    assert not matches(desired, extra_port)
+
+
+def test_child_events_escalate_only_for_drift_or_loss() -> None:
+    reconciler = Reconciler(api=None, settings=ControllerSettings())  # type: ignore[arg-type]
+    key = ("team", "llama")
+    deployment = with_owner(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "llama-decode"},
+            "spec": {"replicas": 2},
+        },
+        OWNER,
+    )
+    service = with_owner({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama-router"}}, OWNER)
+    assert reconciler.child_event_level(key, deployment, deleted=False) == FULL  # nothing applied yet
+    manifests = {("Deployment", "llama-decode"): deployment, ("Service", "llama-router"): service}
+    reconciler._remember(key, Applied(1, {"prefill": 1, "decode": 2}, manifests, None))
+    with_status = {**copy.deepcopy(deployment), "status": {"readyReplicas": 1}}
+    assert reconciler.child_event_level(key, with_status, deleted=False) == REFRESH
+    assert reconciler.child_event_level(key, service, deleted=False) == SKIP
+    assert reconciler.child_event_level(key, service, deleted=True) == FULL
+    edited = copy.deepcopy(deployment)
+    edited["spec"]["replicas"] = 7
+    assert reconciler.child_event_level(key, edited, deleted=False) == FULL

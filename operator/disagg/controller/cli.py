@@ -15,6 +15,7 @@ from disagg.controller.settings import ControllerSettings
 
 # kopf's peering priorities are integers; "random" picks one so replicas of one operator never tie.
 RANDOM_PRIORITY_RANGE = (1, 2**31 - 1)
+QUIET_LOGGERS = ("kopf.objects", "aiohttp.access")
 
 
 def _priority(value: str) -> int:
@@ -87,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
     level = "DEBUG" if args.verbose else (args.log_level or "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for chatty in QUIET_LOGGERS:  # one line per handler call and per probe is noise at INFO
+            logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     if args.resync_interval <= 0:
         raise SystemExit("disagg run: --resync-interval must be positive")
     options = RunOptions(

@@ -13,14 +13,14 @@ All of them go through one per-object gate, so reconciles of one object never ov
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from disagg.controller.gate import ReconcileGate
-from disagg.controller.reconcile import Key, Reconciler, TransientError
+from disagg.controller.reconcile import FULL, SKIP, Key, Reconciler, TransientError
 from disagg.controller.settings import ControllerSettings
 from disagg.k8s.apply import controller_owner
 
@@ -46,9 +46,19 @@ class ReconcileContext:
     gate: ReconcileGate
     settings: ControllerSettings
 
-    def reconcile(self, key: Key) -> None:
-        """Reconcile under the gate; TransientError propagates to the caller."""
-        self.gate.run(key, lambda: self.reconciler.reconcile(*key))
+    def reconcile(self, key: Key, level: int = FULL) -> None:
+        """Reconcile (FULL) or refresh the status (REFRESH) under the gate; TransientError propagates."""
+        if level == SKIP:
+            return
+        self.gate.run(key, level, self._work(key))
+
+    def _work(self, key: Key) -> Callable[[int], object]:
+        def work(level: int) -> object:
+            if level >= FULL:
+                return self.reconciler.reconcile(*key)
+            return self.reconciler.refresh_status(*key)
+
+        return work
 
     def forget(self, key: Key) -> None:
         self.reconciler.forget(key)
@@ -90,10 +100,20 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
 
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="replicas-watch")(on_own_event)
 
-    def on_child_event(body: Mapping[str, Any], **_: Any) -> None:
+    def on_child_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
         key = owner_key(body)
-        if key is not None:
-            _reconcile_quietly(context, key, f"event of {body.get('kind')}/{body['metadata'].get('name')}")
+        if key is None:
+            return
+        level = context.reconciler.child_event_level(key, body, deleted=event.get("type") == "DELETED")
+        if level == FULL:
+            log.info(
+                "%s/%s changed or went away: reconciling %s/%s",
+                body.get("kind"),
+                body["metadata"].get("name"),
+                *key,
+            )
+        why = f"event of {body.get('kind')}/{body['metadata'].get('name')}"
+        _reconcile_quietly(context, key, why, level)
 
     for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(
@@ -108,9 +128,9 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
     )(resync)
 
 
-def _reconcile_quietly(context: ReconcileContext, key: Key, why: str) -> None:
+def _reconcile_quietly(context: ReconcileContext, key: Key, why: str, level: int = FULL) -> None:
     """Reconcile from a handler kopf does not retry: a transient failure is logged; the resync retries."""
     try:
-        context.reconcile(key)
+        context.reconcile(key, level)
     except TransientError as error:
         log.warning("reconcile of %s/%s after %s failed, will retry on resync: %s", *key, why, error)

@@ -24,7 +24,16 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.controller.metrics import ControllerMetrics
 from disagg.controller.settings import ControllerSettings
 from disagg.controller.status import Problem, RoleState, build_status, rfc3339, role_state, status_differs
-from disagg.k8s.apply import ApplyError, ApplyResult, apply_children, list_owned_children
+from disagg.k8s.apply import (
+    ApplyError,
+    ApplyResult,
+    ChildKey,
+    apply_children,
+    child_key,
+    list_owned_children,
+    matches,
+    with_owner,
+)
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, SERVICE, JsonDict, KubeApi
 from disagg.k8s.events import post_event
 from disagg.render import effective_replicas, render_children
@@ -35,6 +44,19 @@ STATUS_WRITE_ATTEMPTS = 3
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+
+# What a trigger asks for (ReconcileGate levels): nothing, a status refresh from the children, or everything.
+SKIP, REFRESH, FULL = -1, 0, 1
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the last full reconcile of an object did: the basis for cheap handling of child events."""
+
+    generation: int
+    replicas: dict[str, int] | None  # applied to prefill/decode; None when the render failed
+    manifests: dict[ChildKey, JsonDict]  # exactly as applied (owner reference included)
+    problem: Problem | None
 
 
 class TransientError(Exception):
@@ -120,29 +142,47 @@ class Reconciler:
         self.metrics = metrics
         self.clock = clock
         self._lock = threading.Lock()
-        self._applied: dict[Key, dict[str, int]] = {}
+        self._applied: dict[Key, Applied] = {}
 
-    # -- what was applied (so a change of status.autoscaling.desiredReplicas can be noticed) ---------------
+    # -- memory of the last full reconcile per object ------------------------------------------------------
+
+    def applied(self, key: Key) -> Applied | None:
+        with self._lock:
+            return self._applied.get(key)
 
     def applied_replicas(self, key: Key) -> dict[str, int] | None:
-        with self._lock:
-            found = self._applied.get(key)
-            return dict(found) if found is not None else None
+        found = self.applied(key)
+        return dict(found.replicas) if found is not None and found.replicas is not None else None
 
     def forget(self, key: Key) -> None:
         with self._lock:
             self._applied.pop(key, None)
 
-    def _remember(self, key: Key, replicas: Mapping[str, int]) -> None:
+    def _remember(self, key: Key, applied: Applied) -> None:
         with self._lock:
-            self._applied[key] = dict(replicas)
+            self._applied[key] = applied
+
+    def child_event_level(self, key: Key, child: Mapping[str, Any], deleted: bool) -> int:
+        """How much work a watch event of one child needs.
+
+        FULL when the child is gone or differs from what was applied (drift) or nothing is known yet;
+        REFRESH for a Deployment that still matches (its status may have changed: readiness); SKIP for
+        any other child that still matches (e.g. the echo of our own apply).
+        """
+        applied = self.applied(key)
+        if deleted or applied is None:
+            return FULL
+        desired = applied.manifests.get(child_key(child))
+        if desired is None or not matches(desired, child):
+            return FULL
+        return REFRESH if child.get("kind") == "Deployment" else SKIP
 
     def needs_reapply(self, obj: Mapping[str, Any]) -> bool:
         """Whether the replicas the object asks for now differ from what was last applied for it."""
         metadata = obj.get("metadata") or {}
         applied = self.applied_replicas((metadata.get("namespace", ""), metadata.get("name", "")))
         if applied is None:
-            return False  # never applied in this process: the create/resume handlers take care of it
+            return False  # not applied in this process yet: the create/resume handlers take care of it
         dd, problem = validate(obj)
         if dd is None or problem is not None:
             return False
@@ -164,6 +204,24 @@ class Reconciler:
             self.forget((namespace, name))
             return None
         return self.reconcile_object(obj)
+
+    def refresh_status(self, namespace: str, name: str) -> Outcome | None:
+        """Status from the children as they are now, without applying (the cheap path for readiness).
+
+        Falls back to a full reconcile when this process has not reconciled the object yet.
+        """
+        applied = self.applied((namespace, name))
+        if applied is None:
+            return self.reconcile(namespace, name)
+        try:
+            obj = self.api.get(DISAGG_DEPLOYMENT, namespace, name)
+        except (ApiException, OSError) as error:
+            raise TransientError(f"reading {namespace}/{name}: {error}") from error
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.forget((namespace, name))
+            return None
+        written = self._write_status(obj, self._live_children(obj), applied.problem, applied.generation)
+        return Outcome(applied.problem, None, written, applied.replicas)
 
     def reconcile_object(self, obj: JsonDict) -> Outcome:
         started = time.perf_counter()
@@ -193,13 +251,15 @@ class Reconciler:
                 problem = Problem("ApplyFailed", str(error), transient=not error.permanent)
             except OSError as error:
                 problem = Problem("ApplyFailed", f"API server unreachable: {error}", transient=True)
-        if applied is not None and replicas is not None:
-            self._remember(key, replicas)
+        generation = int(metadata.get("generation") or 0)
+        manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)} if applied else {}
+        self._remember(key, Applied(generation, replicas if applied else None, manifests, problem))
+        if applied is not None:
             self._count_changes(applied)
             self._announce_changes(obj, applied)
 
         live = applied.live if applied is not None else self._live_children(obj)
-        written = self._write_status(obj, live, problem)
+        written = self._write_status(obj, live, problem, generation)
         if problem is not None and problem.transient:
             raise TransientError(problem.message)
         return Outcome(problem, applied, written, replicas)
@@ -227,12 +287,21 @@ class Reconciler:
             ("ChildrenPruned", "deleted", applied.pruned),
         ):
             if items:
-                post_event(self.api, obj, reason, f"{verb} {', '.join(items)}", "Normal")
+                message = f"{verb} {', '.join(items)}"
+                log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
+                post_event(self.api, obj, reason, message, "Normal")
 
     def _write_status(
-        self, obj: JsonDict, live: Mapping[tuple[str, str], Mapping[str, Any]], problem: Problem | None
+        self,
+        obj: JsonDict,
+        live: Mapping[tuple[str, str], Mapping[str, Any]],
+        problem: Problem | None,
+        generation: int,
     ) -> bool:
-        """Patch the status when it changed (optimistic concurrency; re-read and retry on a conflict)."""
+        """Patch the status when it changed (optimistic concurrency; re-read and retry on a conflict).
+
+        ``generation`` is the spec generation the status describes (the one last reconciled).
+        """
         metadata = obj["metadata"]
         roles, endpoint = role_states(live), router_endpoint(live)
         current_obj: JsonDict | None = obj
@@ -240,7 +309,6 @@ class Reconciler:
             if current_obj is None:
                 return False
             current = current_obj.get("status") or {}
-            generation = int(current_obj["metadata"].get("generation") or 0)
             new = build_status(current, generation, roles, endpoint, problem, rfc3339(self.clock()))
             if not status_differs(current, new):
                 return False
@@ -279,4 +347,11 @@ class Reconciler:
             and before.get("message") == problem.message
         ):
             return
+        log.warning(
+            "%s/%s: %s: %s",
+            obj["metadata"]["namespace"],
+            obj["metadata"]["name"],
+            problem.reason,
+            problem.message,
+        )
         post_event(self.api, obj, problem.reason, problem.message, "Warning")

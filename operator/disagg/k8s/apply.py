@@ -92,6 +92,27 @@ def controller_owner(obj: Mapping[str, Any], kind: str, api_group: str) -> tuple
     return None
 
 
+def _same_scalar(want: Any, have: Any) -> bool:
+    return bool(want == have) or (not isinstance(want, dict | list) and str(want) == str(have))
+
+
+def matches(desired: Any, live: Any) -> bool:
+    """Whether every field of ``desired`` holds in ``live`` (the server may add fields; none may differ).
+
+    What server-side apply with our manifest would restore, approximately: a False here may be a
+    normalisation (e.g. a quantity rewritten), which only costs a no-op apply; a True is never drift.
+    """
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and matches(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(matches(w, h) for w, h in zip(desired, live, strict=True))
+        )
+    return _same_scalar(desired, live)
+
+
 def child_key(obj: Mapping[str, Any]) -> ChildKey:
     return str(obj["kind"]), str(obj["metadata"]["name"])
 
