@@ -86,6 +86,8 @@ class DemoSettings:
     report_dir: Path = Path("reports/demo")
     operator_tick_s: float = 1.0
     pending_grace_s: float = 20.0
+    # extra nodeSelector labels for the prefill pool (the e2e pins it to a small node to make pods Pending)
+    prefill_node_labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def total_s(self) -> float:
@@ -145,7 +147,7 @@ def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
             "prefill": {
                 "replicas": settings.prefill_replicas,
                 "tensorParallelSize": 1,
-                "nodeSelector": node_selector,
+                "nodeSelector": {**node_selector, **dict(settings.prefill_node_labels)},
             },
             "decode": {
                 "replicas": settings.decode_replicas,

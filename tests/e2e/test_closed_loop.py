@@ -8,6 +8,7 @@ move is in status.autoscaling.decisions, Events carry the causes, and the operat
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from disagg.cluster.local import ClusterInfo, free_ports
+from disagg.cluster.local import ClusterInfo, NodePool, free_ports, node_manifest
 from disagg.demo import (
     ClosedLoop,
     DemoSettings,
@@ -28,7 +29,7 @@ from disagg.demo import (
     wait_until,
     write_report,
 )
-from disagg.k8s.client import KubeApi, load_api_client
+from disagg.k8s.client import POD, Kind, KubeApi, load_api_client
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -38,10 +39,10 @@ SCENARIO = DemoSettings(
 )
 
 
-@pytest.fixture
-def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[ClosedLoop]:
+@contextlib.contextmanager
+def running(cluster: ClusterInfo, settings: DemoSettings, tmp_path: Path) -> Iterator[ClosedLoop]:
+    """Prometheus, the operator, the scenario's objects and the live twin, stopped afterwards."""
     (port,) = free_ports(1)
-    settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
     kube = KubeApi(load_api_client(cluster.kubeconfig))
     loop = ClosedLoop(
         cluster, settings, RunSettings(operator_metrics_port=port, log_dir=tmp_path / "logs"), kube
@@ -60,6 +61,13 @@ def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterato
             log = tmp_path / "logs" / name
             if log.is_file():
                 print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.fixture
+def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[ClosedLoop]:
+    settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
+    with running(cluster, settings, tmp_path) as loop:
+        yield loop
 
 
 def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) -> None:
@@ -94,3 +102,59 @@ def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) 
     # the operator exposes its decisions as metrics
     text = httpx.get(closed_loop.operator_metrics_url, timeout=10).text
     assert f'disagg_decisions_total{{deployment="{settings.deployment}"' in text
+
+
+NODE = Kind("v1", "Node", "nodes", namespaced=False)
+
+
+@pytest.fixture
+def one_gpu_node(kube: KubeApi, namespace: str) -> Iterator[tuple[str, str]]:
+    """A kwok node with a single H100 and a label only this test's prefill pool selects."""
+    pool = NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=1, gpus_per_node=1)
+    node = node_manifest(pool, 0)
+    name = f"kwok-e2e-{namespace}"[:63].rstrip("-")
+    label = ("disagg.dev/e2e-pool", namespace)
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, label[0]: label[1]})
+    kube.create(NODE, None, node)
+    try:
+        yield label
+    finally:
+        kube.delete(NODE, None, name)
+
+
+@pytest.fixture
+def kube(cluster: ClusterInfo) -> KubeApi:
+    return KubeApi(load_api_client(cluster.kubeconfig))
+
+
+def test_pending_pods_stop_the_asking_and_set_scaling_limited(
+    cluster: ClusterInfo, namespace: str, one_gpu_node: tuple[str, str], kube: KubeApi, tmp_path: Path
+) -> None:
+    """Long documents need a second prefill replica, but the prefill pool's only node has one GPU."""
+    settings = replace(
+        SCENARIO,
+        namespace=namespace,
+        phases=(Phase("documents", 75.0, 5.0, 12000, 64),),
+        pending_grace_s=10.0,
+        prefill_node_labels=(one_gpu_node,),
+    )
+    with running(cluster, settings, tmp_path) as loop:
+        samples, _ = drive(loop, io.StringIO())
+        decisions = loop.decisions()
+        events = loop.events()
+        status = loop.deployment().get("status") or {}
+        prefill_pods = kube.list(
+            POD, namespace, f"disagg.dev/deployment={settings.deployment},disagg.dev/role=prefill"
+        )
+    timeline = "\n".join(str(s) for s in samples)
+
+    assert any(d["prefill"] > 1 for d in decisions), decisions  # the breach asked for more prefill
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    limited = conditions.get("ScalingLimited") or {}
+    assert limited.get("status") == "True" and limited.get("reason") == "PendingPods", conditions
+    assert any(e["reason"] == "PendingPods" and e["type"] == "Warning" for e in events), events
+    # it stopped asking: the target came back to what fits, and no Pending prefill pod is left
+    assert (status.get("autoscaling") or {}).get("desiredReplicas", {}).get("prefill") == 1, status
+    assert samples[-1].prefill == 1, timeline
+    assert all(p["spec"].get("nodeName") for p in prefill_pods if not p["metadata"].get("deletionTimestamp"))
