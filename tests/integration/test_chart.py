@@ -38,6 +38,7 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.binaries import ensure_binary
 from disagg.cluster.local import ClusterInfo
 from disagg.cluster.wait import wait_for
+from disagg.metrics.queries import TARGET_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "disagg-operator"
@@ -288,7 +289,12 @@ def test_template_is_accepted_by_the_api_server(
         (monitor,) = kinds["ServiceMonitor"]
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
         (pod_monitor,) = kinds["PodMonitor"]
-        assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+        endpoint = pod_monitor["spec"]["podMetricsEndpoints"][0]
+        assert endpoint["port"] == "http"
+        # The same target labels the ratio policy's Prometheus queries select on.
+        targets = {r["sourceLabels"][0]: r["targetLabel"] for r in endpoint["relabelings"]}
+        assert targets["__meta_kubernetes_pod_label_disagg_dev_deployment"] == TARGET_LABELS.deployment
+        assert targets["__meta_kubernetes_pod_label_disagg_dev_role"] == TARGET_LABELS.role
         assert pod_monitor["spec"]["selector"]["matchLabels"] == {
             "app.kubernetes.io/managed-by": "disagg-operator"
         }

@@ -143,10 +143,21 @@ def test_dashboard_plots_latency_against_slo_replicas_and_decisions() -> None:
         "Replicas per role: desired vs current",
         "Decisions by reason",
     } <= titles
-    series = {m for e in _dashboard_exprs() for m in re.findall(r"\b(disagg_[a-z_]+)\b", e)}
+    # Metric names are followed by a selector or a range; label names (disagg_deployment) are not.
+    series = {m for e in _dashboard_exprs() for m in re.findall(r"\b(disagg_[a-z_]+)(?=[{\[])", e)}
     exported = _operator_series()
     assert {"disagg_decisions_total", "disagg_desired_replicas", "disagg_current_replicas"} <= series
     assert series <= exported, f"the operator does not export {sorted(series - exported)}"
+
+
+def test_dashboard_selects_engine_series_by_the_policys_target_labels() -> None:
+    from disagg.metrics.queries import TARGET_LABELS
+
+    engine_exprs = [e for e in _dashboard_exprs() if "vllm:" in e]
+    assert engine_exprs
+    for expr in engine_exprs:
+        assert f"{TARGET_LABELS.deployment}=~" in expr, expr
+        assert f"{TARGET_LABELS.namespace}=~" in expr, expr
 
 
 def test_dashboard_engine_metrics_are_the_ones_the_engines_export() -> None:
