@@ -128,7 +128,7 @@ def test_schema_enums_hold_the_defaults() -> None:
 
 def _dashboard_exprs() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
-    exprs = []
+    exprs: list[str] = []
     for panel in dashboard["panels"]:
         assert panel["targets"], f"panel {panel['title']!r} has no query"
         exprs.extend(t["expr"] for t in panel["targets"])
