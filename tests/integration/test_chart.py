@@ -236,6 +236,28 @@ def test_default_render_is_secure_and_highly_available(helm_only: Tools, tmp_pat
     assert dashboard["uid"] == "disagg-overview"
 
 
+@pytest.mark.parametrize("scope", ["cluster", "namespaces"])
+def test_rbac_grants_no_wildcards_secrets_nodes_or_escalation(
+    helm_only: Tools, tmp_path: Path, scope: str
+) -> None:
+    values: dict[str, Any] = {
+        "watch": {"scope": scope, "namespaces": ["team-a"] if scope == "namespaces" else []}
+    }
+    docs = _render(helm_only, tmp_path, "rel", "disagg-system", values)
+    rules = [rule for doc in docs if doc["kind"] in ("ClusterRole", "Role") for rule in doc["rules"]]
+    assert rules
+    for rule in rules:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert not {"secrets", "nodes"} & set(rule["resources"]), rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+    if scope == "namespaces":
+        # Cluster-wide, only what kopf must read: CRDs and namespaces; everything else per namespace.
+        (cluster_role,) = _kinds(docs)["ClusterRole"]
+        granted = {r for rule in cluster_role["rules"] for r in rule["resources"]}
+        assert granted == {"customresourcedefinitions", "namespaces"}
+        assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in cluster_role["rules"])
+
+
 COMBINATIONS: dict[str, dict[str, Any]] = {
     "cluster-scope-defaults": {},
     "namespaced-scope": {"watch": {"scope": "namespaces"}},  # namespaces filled in by the test
