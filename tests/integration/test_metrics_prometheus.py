@@ -125,7 +125,7 @@ def test_quantiles_come_out_and_absent_series_are_missing(
     assert obs.ttft.value is not None and 0.33 <= obs.ttft.value <= 0.45
     assert obs.itl.value is not None and 0.02 <= obs.itl.value <= 0.03
     assert obs.prefill.queue_time.value is not None and 0.03 <= obs.prefill.queue_time.value <= 0.05
-    assert obs.prefill.compute_time.value is not None and 0.1 <= obs.prefill.compute_time.value <= 0.2
+    assert obs.prefill.compute_time.value == pytest.approx(0.2)  # the mean prefill time
     assert obs.prompt_tokens_mean.value == pytest.approx(900)
     assert obs.output_tokens_mean.value == pytest.approx(200)
     assert obs.prefill.queue_depth.value == 3.0 and obs.decode.running.value == 42.0

@@ -178,8 +178,9 @@ def test_no_flapping_under_constant_load() -> None:
 
 def test_scale_up_is_immediate_and_step_capped() -> None:
     policy = spec(scaleUp={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 2, "decode": 2}})
-    d, _ = run(obs(p=4, ttft=50.0, queue=49.0), policy)
-    assert d.prefill == 6  # wanted 8 (doubling), capped at +2
+    # 40 req/s x 0.3 s of prefill each at 80% utilisation needs 15 replicas
+    d, _ = run(obs(p=4, ttft=50.0, queue=49.0, rate=40.0, prefill_time=0.3), policy)
+    assert d.prefill == 6  # capped at +2
     assert "StepCapped" in codes(d)
 
 

@@ -50,7 +50,7 @@ def test_whole_object_round_trips_in_camel_case() -> None:
         ({"algorithm": "pid"}, "algorithm"),
         ({"mode": "dry-run"}, "mode"),
         ({"algorithm": "fixed-ratio"}, "fixedRatio"),
-        ({"scaleUp": {"stabilizationWindowSeconds": 600}}, "scaleDown.stabilizationWindowSeconds"),
+        ({"scaleUp": {"stabilizationWindowSeconds": 900}}, "scaleDown.stabilizationWindowSeconds"),
         ({"evaluationIntervalSeconds": 300, "metricWindowSeconds": 60}, "metricWindowSeconds"),
         ({"gpuBudget": {"maxGPUs": 0}}, "maxGPUs"),
         ({"tolerence": 0.2}, "tolerence"),

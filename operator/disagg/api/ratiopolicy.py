@@ -122,7 +122,7 @@ def _default_scale_up() -> ScalingRules:
 
 
 def _default_scale_down() -> ScalingRules:
-    return ScalingRules(stabilization_window_seconds=300, max_step=RoleSteps(prefill=1, decode=1))
+    return ScalingRules(stabilization_window_seconds=600, max_step=RoleSteps(prefill=1, decode=1))
 
 
 class GPUBudget(ApiModel):

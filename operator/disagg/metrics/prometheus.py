@@ -67,12 +67,6 @@ def combine_ttft(prefill_side: Measured, decode_side: Measured) -> Measured:
     return MISSING
 
 
-def _minus(a: Measured, b: Measured) -> Measured:
-    if a.ok and b.ok and a.value is not None and b.value is not None:
-        return Measured(max(a.value - b.value, 0.0), SignalState.OK)
-    return Measured.missing(a.state if not a.ok else b.state)
-
-
 @dataclass(frozen=True)
 class PrometheusSignals:
     """The adapter: one per Prometheus; ``observe`` per deployment and evaluation."""
@@ -146,9 +140,6 @@ def _role(signals: Signals, role: str, base: RoleObservation, window_s: int) -> 
     fields: dict[str, Measured] = {}
     for name in _ROLE_FIELDS:
         fields[name] = signals.get(f"{role}.{name}")
-    if role == "prefill" and f"{role}.compute_time" not in signals.values:
-        # SGLang: no prefill-time histogram; prefill time = the prefill engine's TTFT - its queue time
-        fields["compute_time"] = _minus(signals.get("ttft_prefill_side"), signals.get("prefill.queue_time"))
     age = signals.get(f"{role}.sample_age")
     if age.ok and age.value is not None and age.value > window_s:
         fields = {k: (Measured.missing(SignalState.STALE) if v.ok else v) for k, v in fields.items()}

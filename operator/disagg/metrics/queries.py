@@ -32,7 +32,7 @@ Metric names (sources):
   ``sglang:generation_tokens_total``, ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``,
   ``sglang:token_usage``. Source: sgl-project/sglang python/sglang/srt/metrics/collector.py and
   docs/references/production_metrics.md. SGLang has no prefill-time histogram; the prefill pool's
-  compute time is its TTFT less its queue time.
+  mean compute time is its mean TTFT less its mean queue time.
 
 Where an engine version renamed a metric, the query tries the names in order with PromQL ``or``. Each
 ``engine:name`` is also tried as ``engine_name``: prometheus_client (which vLLM and SGLang use) writes
@@ -229,12 +229,18 @@ def build_queries(
         "output_tokens_p90": histogram_quantile(m.output_len, 0.9, d, window_s),
         "prefill.queue_time": histogram_quantile(m.queue_time, qt, p, window_s),
         "decode.queue_time": histogram_quantile(m.queue_time, qt, d, window_s),
-        "decode.compute_time": histogram_quantile(m.itl, qi, d, window_s),
+        # compute times are means over the window (as the twin reports them): the capacity models need
+        # mean service times; the tails are in ttft/itl
+        "decode.compute_time": histogram_mean(m.itl, d, window_s),
         "prefill.token_throughput": counter_rate(m.prompt_tokens_total, p, window_s),
         "decode.token_throughput": counter_rate(m.generation_tokens_total, d, window_s),
     }
     if m.prefill_time:
-        q["prefill.compute_time"] = histogram_quantile(m.prefill_time, qt, p, window_s)
+        q["prefill.compute_time"] = histogram_mean(m.prefill_time, p, window_s)
+    else:  # SGLang: mean prefill time = mean TTFT - mean queue time on the prefill pool
+        q["prefill.compute_time"] = (
+            f"({histogram_mean(m.ttft, p, window_s)}) - ({histogram_mean(m.queue_time, p, window_s)})"
+        )
     for role, sel in (("prefill", p), ("decode", d)):
         q[f"{role}.queue_depth"] = gauge_sum(m.waiting, sel)
         q[f"{role}.running"] = gauge_sum(m.running, sel)

@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 
 from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicySpec
-from disagg.policy.feedback import decode_proposal, prefill_proposal
+from disagg.policy.feedback import decode_proposal, peak_rate, prefill_proposal
 from disagg.policy.model_based import load_models, model_based_proposal, resolve_profile
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import (
@@ -51,32 +51,38 @@ def propose(
             try:
                 models = load_models(profile)
             except (ValueError, KeyError) as exc:
-                fallback = feedback_proposal(obs, policy, bounds)
+                fallback = feedback_proposal(obs, policy, bounds, state)
                 note = Reason("ModelUnavailable", f"no latency model ({exc}); using slo-feedback")
                 return replace(fallback, prefill=_with_reason(fallback.prefill, note))
             return model_based_proposal(obs, policy, state, now, bounds, models)
-        fallback = feedback_proposal(obs, policy, bounds)
+        fallback = feedback_proposal(obs, policy, bounds, state)
         note = Reason("ModelUnavailable", "no model/GPU profile known; using slo-feedback")
         return replace(fallback, prefill=_with_reason(fallback.prefill, note))
     if policy.algorithm is Algorithm.FIXED_RATIO:
-        return fixed_ratio_proposal(obs, policy, bounds)
-    return feedback_proposal(obs, policy, bounds)
+        return fixed_ratio_proposal(obs, policy, bounds, state)
+    return feedback_proposal(obs, policy, bounds, state)
 
 
 def _with_reason(p: RoleProposal, reason: Reason) -> RoleProposal:
     return replace(p, reasons=(*p.reasons, reason))
 
 
-def feedback_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> Proposal:
-    return Proposal(prefill_proposal(obs, policy, bounds), decode_proposal(obs, policy, bounds))
+def feedback_proposal(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, state: PolicyState | None = None
+) -> Proposal:
+    history = state.load_history if state is not None else ()
+    rate = peak_rate(obs, history, policy.metric_window_seconds)
+    return Proposal(prefill_proposal(obs, policy, bounds, rate), decode_proposal(obs, policy, bounds))
 
 
-def fixed_ratio_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> Proposal:
+def fixed_ratio_proposal(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, state: PolicyState | None = None
+) -> Proposal:
     """Total capacity in whole units of the fixed ratio: enough units for the neediest role."""
     ratio = policy.fixed_ratio
     if ratio is None:
         raise ValueError("spec.fixedRatio: required when algorithm is fixed-ratio")
-    need = feedback_proposal(obs, policy, bounds)
+    need = feedback_proposal(obs, policy, bounds, state)
     per_unit = {"prefill": ratio.prefill, "decode": ratio.decode}
     current_units = max(math.ceil(obs.role(r).replicas / per_unit[r]) for r in ROLES)
     wanted = [
@@ -265,7 +271,7 @@ def decide(
     history = tuple(
         (t, r)
         for t, r in state.load_history
-        if now - t <= max(policy.model_based.lookahead_seconds, 4 * policy.evaluation_interval_seconds)
+        if now - t <= max(policy.model_based.lookahead_seconds, policy.metric_window_seconds)
     ) + (((now, rate.value),) if rate.ok and rate.value is not None else ())
     new_state = PolicyState(
         recommendations=recs,

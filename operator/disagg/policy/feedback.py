@@ -16,6 +16,7 @@ predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from disagg.api.ratiopolicy import RatioPolicySpec
@@ -56,9 +57,15 @@ def is_idle(obs: Observation) -> bool:
     return rate is not None and rate <= 0.0
 
 
-def grow(n: int, ratio: float) -> int:
-    """Replicas after a breach with latency/target ``ratio``: proportional, >= n+1, <= 2n."""
+def grow(n: int, ratio: float, ready: int | None = None) -> int:
+    """Replicas after a breach with latency/target ``ratio``: proportional, >= n+1, <= 2n.
+
+    While replicas asked for earlier are still starting (``ready < n``) the latency cannot show their
+    effect yet: hold at ``n`` instead of piling more on top.
+    """
     base = max(n, 1)
+    if ready is not None and ready < n:
+        return n
     return max(base + 1, math.ceil(base * min(ratio, MAX_UP_FACTOR)))
 
 
@@ -71,14 +78,14 @@ def prefill_side_ttft(obs: Observation) -> float | None:
 
 
 def smallest_safe_prefill(
-    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds
+    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds, rate: float | None
 ) -> tuple[int, str] | None:
     """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
 
     Busy fraction rho = arrival rate x prefill time / n; the prefill share is modelled as S / (1 - rho)
     (M/M/1 sojourn), scaled by how the present observation compares with that model.
     """
-    rate, s, ttft = _val(obs.request_rate), _val(obs.prefill.compute_time), _val(obs.ttft)
+    s, ttft = _val(obs.prefill.compute_time), _val(obs.ttft)
     side = prefill_side_ttft(obs)
     if rate is None or s is None or ttft is None or side is None or n <= 0:
         return None
@@ -128,7 +135,20 @@ def smallest_safe_decode(
     return best
 
 
-def prefill_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> RoleProposal:
+def peak_rate(obs: Observation, history: Sequence[tuple[float, float]], window_s: float) -> float | None:
+    """The highest arrival rate over the metric window (the present one included): shrinking is
+    judged against the peak, so a quiet half-minute between bursts does not look like spare capacity."""
+    now_rate = _val(obs.request_rate)
+    if now_rate is None:
+        return None
+    recent = [r for t, r in history if obs.time - t <= window_s]
+    return max([now_rate, *recent])
+
+
+def prefill_proposal(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, rate: float | None = None
+) -> RoleProposal:
+    """``rate``: the arrival rate to size for (the peak over the metric window); the present one if None."""
     n = obs.prefill.replicas
     band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
     if is_idle(obs):
@@ -146,11 +166,18 @@ def prefill_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) 
             return RoleProposal(n)  # the decode side dominates TTFT: decode grows instead
         q, c = _val(obs.prefill.queue_time), _val(obs.prefill.compute_time)
         code = "TTFTBreachPrefillQueue" if (q is None or c is None or q >= c) else "TTFTBreachPrefillCompute"
-        target = grow(n, band.ratio(ttft))
+        load = rate if rate is not None else _val(obs.request_rate)
+        starting = obs.prefill.ready < n
+        target = grow(n, band.ratio(ttft), obs.prefill.ready)
+        if load is not None and c is not None and c > 0:
+            # enough replicas for the arriving work at the target utilisation (queueing explodes the
+            # latency ratio long before it says how much capacity is missing)
+            target = max(n if starting else n + 1, math.ceil(load * c / policy.feedback.target_utilization))
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
     if band.comfortable(ttft):
-        safe = smallest_safe_prefill(obs, n, band, policy.feedback.target_utilization, bounds.prefill)
+        load = rate if rate is not None else _val(obs.request_rate)
+        safe = smallest_safe_prefill(obs, n, band, policy.feedback.target_utilization, bounds.prefill, load)
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "prefill"),))
     return RoleProposal(n)
@@ -170,7 +197,7 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
     itl = _val(obs.itl)
     kv = _val(obs.decode.kv_usage)
     if itl is not None and band.breached(itl):
-        target = grow(n, band.ratio(itl))
+        target = grow(n, band.ratio(itl), obs.decode.ready)
         breached = True
         reasons.append(
             Reason(
@@ -186,7 +213,7 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
         reasons.append(Reason("KVPressure", f"decode KV-cache usage {kv:.2f}", "decode"))
     ttft, side = _val(obs.ttft), prefill_side_ttft(obs)
     if ttft is not None and side is not None and ttft_band.breached(ttft) and (ttft - side) > side:
-        target = max(target or 0, grow(n, ttft_band.ratio(ttft)))
+        target = max(target or 0, grow(n, ttft_band.ratio(ttft), obs.decode.ready))
         breached = True
         reasons.append(
             Reason(

@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Protocol
 
 from disagg.api.ratiopolicy import RatioPolicySpec
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
 
+Z90 = NormalDist().inv_cdf(0.9)
+MAX_PROMPT = 1_048_576.0
 CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this range means the profile is wrong, not slow
 MAX_DECODE_BATCH = 1024
 MAX_TREND_FACTOR = 2.0  # the lookahead never plans for more than twice the present load
@@ -102,21 +105,76 @@ def _v(m: Measured) -> float | None:
     return m.value if m.ok else None
 
 
-def prefill_rate_per_replica(
-    lm: LatencyModelLike,
-    prompt_mean: float,
-    correction: float,
-    budget_s: float,
-    percentile: float,
-    token_budget: int,
-) -> tuple[float, float]:
-    """(highest arrival rate per replica meeting the budget, service rate mu) for this prompt mean."""
-    length = max(round(prompt_mean), 1)
-    batch = max(token_budget // length, 1)
-    step = lm.prefill_time_s([length] * batch) * correction
-    mu = batch / step
-    tail = math.log(1.0 / (1.0 - percentile / 100.0))
-    return mu - tail / budget_s, mu
+@dataclass(frozen=True)
+class PrefillService:
+    """Per-request prefill service of one replica for the observed prompt-length distribution."""
+
+    mean_s: float  # mean GPU time a request takes from the replica (its share of a batched step)
+    second_moment: float  # E[S^2] of that time
+    latency_tail_s: float  # p90 of the step a request waits in once started (its own prefill latency)
+    mean_latency_s: float  # mean of that step time (what engines report as prefill time)
+
+
+def prompt_quantiles(mean: float, p90: float | None, points: int = 16) -> list[float]:
+    """Prompt lengths at evenly spaced quantiles of a log-normal with this mean and p90."""
+    if p90 is None or p90 <= mean or mean <= 0:
+        return [max(mean, 1.0)]
+    gap = math.log(p90) - math.log(mean)  # = z90 * sigma - sigma^2 / 2
+    disc = Z90 * Z90 - 2.0 * gap
+    sigma = Z90 - math.sqrt(disc) if disc >= 0 else Z90
+    mu = math.log(mean) - sigma * sigma / 2.0
+    unit = NormalDist()
+    return [min(math.exp(mu + sigma * unit.inv_cdf((i + 0.5) / points)), MAX_PROMPT) for i in range(points)]
+
+
+def prefill_service(
+    lm: LatencyModelLike, lengths: Sequence[float], token_budget: int, correction: float
+) -> PrefillService:
+    shares, steps = [], []
+    for value in lengths:
+        length = max(round(value), 1)
+        batch = max(token_budget // length, 1)
+        step = lm.prefill_time_s([length] * batch) * correction
+        shares.append(step / batch)
+        steps.append(step)
+    n = len(shares)
+    ordered = sorted(steps)
+    return PrefillService(
+        mean_s=sum(shares) / n,
+        second_moment=sum(x * x for x in shares) / n,
+        latency_tail_s=ordered[min(int(0.9 * n), n - 1)],
+        mean_latency_s=sum(steps) / n,
+    )
+
+
+def prefill_ttft_share(service: PrefillService, rate_per_replica: float, percentile: float) -> float:
+    """Prefill share of TTFT at ``percentile`` with M/G/1 queueing (Pollaczek-Khinchine mean wait, an
+    exponential tail above it); inf when the replica is saturated."""
+    rho = rate_per_replica * service.mean_s
+    if rho >= 1.0:
+        return math.inf
+    if rho <= 0.0:
+        return service.latency_tail_s
+    mean_wait = rate_per_replica * service.second_moment / (2.0 * (1.0 - rho))
+    miss = 1.0 - percentile / 100.0
+    wait = (mean_wait / rho) * math.log(rho / miss) if rho > miss else 0.0
+    return service.latency_tail_s + wait
+
+
+def prefill_replicas_needed(
+    service: PrefillService, rate: float, budget_s: float, percentile: float, utilization: float, most: int
+) -> int:
+    """Fewest replicas whose prefill share of TTFT fits the budget (``most`` if none does)."""
+    if rate <= 0:
+        return 1
+    wait_budget = max(budget_s, service.latency_tail_s + 0.25 * budget_s)
+    for n in range(1, most + 1):
+        per = rate / n
+        if per * service.mean_s > utilization:
+            continue
+        if prefill_ttft_share(service, per, percentile) <= wait_budget:
+            return n
+    return most
 
 
 def decode_batch_at_slo(lm: LatencyModelLike, context: float, itl_target: float, correction: float) -> int:
@@ -142,14 +200,15 @@ def decode_batch_at_slo(lm: LatencyModelLike, context: float, itl_target: float,
 
 
 def update_corrections(
-    obs: Observation, models: RoleModels, state: PolicyState, weight: float
+    obs: Observation, models: RoleModels, state: PolicyState, weight: float, token_budget: int
 ) -> dict[str, float]:
     """Observed / expected latency per role, smoothed. Unchanged where a signal is missing."""
     corr = dict(state.correction)
-    p90 = _v(obs.prompt_tokens_p90) or _v(obs.prompt_tokens_mean)
+    prompt = _v(obs.prompt_tokens_mean)
     observed_prefill = _v(obs.prefill.compute_time)
-    if p90 is not None and observed_prefill is not None and p90 > 0:
-        expected = models.prefill.prefill_time_s([int(p90)])
+    if prompt is not None and observed_prefill is not None and prompt > 0:
+        lengths = prompt_quantiles(prompt, _v(obs.prompt_tokens_p90))
+        expected = prefill_service(models.prefill, lengths, token_budget, 1.0).mean_latency_s
         if expected > 0:
             corr["prefill"] = _ema(corr.get("prefill"), observed_prefill / expected, weight)
     itl = _v(obs.itl)
@@ -172,7 +231,15 @@ def model_based_proposal(
     models: RoleModels,
 ) -> Proposal:
     rate, prompt, out = _v(obs.request_rate), _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
-    corr = update_corrections(obs, models, state, policy.model_based.correction_smoothing)
+    mb = policy.model_based
+    corr = update_corrections(obs, models, state, mb.correction_smoothing, mb.prefill_token_budget)
+    if rate is not None and rate <= 0.0:  # measured idle: lengths are missing because nothing arrived
+        idle = "no requests arriving"
+        return Proposal(
+            RoleProposal(bounds.prefill.min_replicas, (Reason("IdleShrink", idle, "prefill"),)),
+            RoleProposal(bounds.decode.min_replicas, (Reason("IdleShrink", idle, "decode"),)),
+            corr,
+        )
     if rate is None or prompt is None or out is None:
         missing = [
             name
@@ -189,7 +256,6 @@ def model_based_proposal(
             RoleProposal(None, (Reason("MetricsMissing", msg, "decode"),)),
             corr,
         )
-    mb = policy.model_based
     plan = planned_rate(rate, now, state.load_history, mb.lookahead_seconds)
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
@@ -198,16 +264,20 @@ def model_based_proposal(
         models.decode.kv_transfer_time_s(int(prompt)) + models.decode.decode_step_time_s(1, int(prompt)) * c_d
     )
     budget = max(ttft_t - decode_first, 0.2 * ttft_t)
-    per_replica, mu = prefill_rate_per_replica(
-        models.prefill, prompt, c_p, budget, policy.slo.ttft.percentile, mb.prefill_token_budget
+    service = prefill_service(
+        models.prefill, prompt_quantiles(prompt, _v(obs.prompt_tokens_p90)), mb.prefill_token_budget, c_p
     )
-    usable = min(per_replica, mu * mb.target_utilization)
     if plan <= 0:
         n_p = bounds.prefill.min_replicas
-    elif usable <= 0:
-        n_p = bounds.prefill.max_replicas
     else:
-        n_p = math.ceil(plan / usable)
+        n_p = prefill_replicas_needed(
+            service,
+            plan,
+            budget,
+            policy.slo.ttft.percentile,
+            mb.target_utilization,
+            bounds.prefill.max_replicas,
+        )
     batch = decode_batch_at_slo(models.decode, context, itl_t, c_d)
     if plan <= 0:
         n_d = bounds.decode.min_replicas
@@ -221,17 +291,23 @@ def model_based_proposal(
     tol = policy.tolerance
     p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
     d_breach = itl is not None and itl > itl_t * (1 + tol)
+    # the model never overrules a breach it did not foresee: at least one more replica
+    # (once the replicas asked for earlier are ready)
     if p_breach:
-        n_p = max(n_p, obs.prefill.replicas)  # never shrink a pool that is breaching now
+        ready = obs.prefill.ready >= obs.prefill.replicas
+        n_p = max(n_p, obs.prefill.replicas + (1 if ready else 0))
     if d_breach:
-        n_d = max(n_d, obs.decode.replicas)
+        ready = obs.decode.ready >= obs.decode.replicas
+        n_d = max(n_d, obs.decode.replicas + (1 if ready else 0))
     load = f"{plan:.2f} req/s planned (now {rate:.2f}), prompt {prompt:.0f}, output {out:.0f} tokens"
     return Proposal(
         RoleProposal(
             n_p,
             (
                 Reason(
-                    "ModelCapacity", f"{load}; {usable:.2f} req/s per prefill replica (x{c_p:.2f})", "prefill"
+                    "ModelCapacity",
+                    f"{load}; prefill {service.mean_s * 1000:.0f}ms per request (x{c_p:.2f})",
+                    "prefill",
                 ),
             ),
             breached=p_breach,

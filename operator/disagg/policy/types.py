@@ -64,7 +64,7 @@ class RoleObservation:
     running: Measured = MISSING  # requests running, summed over the pool
     kv_usage: Measured = MISSING  # mean KV-cache usage fraction 0..1 over the pool
     queue_time: Measured = MISSING  # engine queue time at the policy percentile (s)
-    compute_time: Measured = MISSING  # prefill time (prefill pool) or per-token decode time (decode pool), s
+    compute_time: Measured = MISSING  # mean prefill time (prefill pool) or per-token decode time (decode), s
     token_throughput: Measured = MISSING  # prompt tokens/s (prefill) or generated tokens/s (decode)
 
 
