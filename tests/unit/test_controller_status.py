@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from types import MappingProxyType
 from typing import Any
 
 from disagg.controller.gate import ReconcileGate
@@ -190,6 +191,7 @@ def test_matches_allows_server_additions_but_not_changes() -> None:
     live["status"] = {"readyReplicas": 1}
     assert matches(desired, live)
     assert matches({"limits": {"nvidia.com/gpu": 1}}, {"limits": {"nvidia.com/gpu": "1"}})
+    assert matches(desired, MappingProxyType(live))  # kopf hands bodies over as read-only mappings
     scaled = copy.deepcopy(live)
     scaled["spec"]["replicas"] = 5
     assert not matches(desired, scaled)

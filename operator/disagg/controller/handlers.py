@@ -104,13 +104,11 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
         key = owner_key(body)
         if key is None:
             return
-        level = context.reconciler.child_event_level(key, body, deleted=event.get("type") == "DELETED")
-        if level == FULL:
+        deleted = event.get("type") == "DELETED"
+        level = context.reconciler.child_event_level(key, body, deleted=deleted)
+        if deleted:
             log.info(
-                "%s/%s changed or went away: reconciling %s/%s",
-                body.get("kind"),
-                body["metadata"].get("name"),
-                *key,
+                "%s/%s was deleted: reconciling %s/%s", body.get("kind"), body["metadata"].get("name"), *key
             )
         why = f"event of {body.get('kind')}/{body['metadata'].get('name')}"
         _reconcile_quietly(context, key, why, level)

@@ -30,6 +30,7 @@ from disagg.k8s.apply import (
     ChildKey,
     apply_children,
     child_key,
+    first_difference,
     list_owned_children,
     matches,
     with_owner,
@@ -173,7 +174,15 @@ class Reconciler:
         if deleted or applied is None:
             return FULL
         desired = applied.manifests.get(child_key(child))
-        if desired is None or not matches(desired, child):
+        if desired is None:
+            return FULL
+        if not matches(desired, child):
+            log.info(
+                "drift in %s/%s: %s",
+                child.get("kind"),
+                child["metadata"].get("name"),
+                first_difference(desired, child),
+            )
             return FULL
         return REFRESH if child.get("kind") == "Deployment" else SKIP
 

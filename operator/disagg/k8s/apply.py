@@ -93,7 +93,7 @@ def controller_owner(obj: Mapping[str, Any], kind: str, api_group: str) -> tuple
 
 
 def _same_scalar(want: Any, have: Any) -> bool:
-    return bool(want == have) or (not isinstance(want, dict | list) and str(want) == str(have))
+    return bool(want == have) or (not isinstance(want, Mapping | list) and str(want) == str(have))
 
 
 def matches(desired: Any, live: Any) -> bool:
@@ -102,15 +102,40 @@ def matches(desired: Any, live: Any) -> bool:
     What server-side apply with our manifest would restore, approximately: a False here may be a
     normalisation (e.g. a quantity rewritten), which only costs a no-op apply; a True is never drift.
     """
-    if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and matches(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            k in live and matches(v, live[k]) for k, v in desired.items()
+        )
     if isinstance(desired, list):
         return (
-            isinstance(live, list)
+            isinstance(live, list | tuple)
             and len(desired) == len(live)
             and all(matches(w, h) for w, h in zip(desired, live, strict=True))
         )
     return _same_scalar(desired, live)
+
+
+def first_difference(desired: Any, live: Any, path: str = "") -> str | None:
+    """Where ``matches`` fails first, as a path with both values (for logs); None when it holds."""
+    if isinstance(desired, Mapping):
+        if not isinstance(live, Mapping):
+            return f"{path or '.'}: object vs {type(live).__name__}"
+        for key, value in desired.items():
+            if key not in live:
+                return f"{path}.{key}: missing"
+            found = first_difference(value, live[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(desired, list):
+        if not isinstance(live, list | tuple) or len(desired) != len(live):
+            return f"{path}: list of {len(desired)} vs {live!r:.80}"
+        for index, (want, have) in enumerate(zip(desired, live, strict=True)):
+            found = first_difference(want, have, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return None if _same_scalar(desired, live) else f"{path}: {desired!r:.80} vs {live!r:.80}"
 
 
 def child_key(obj: Mapping[str, Any]) -> ChildKey:
