@@ -11,16 +11,20 @@ from disagg.controller.autoscaling import (
     AutoscalingSettings,
     RoleCounts,
     apply_ceiling,
+    autoscaling_enabled,
     autoscaling_status,
+    bounds_of,
     change_events,
     deletion_costs,
     is_due,
     limited_condition,
+    loads_from_result,
     metrics_condition,
     parse_rfc3339,
     pod_info,
     rfc3339,
     role_counts,
+    running_by_pod_query,
     set_condition,
     update_limits,
 )
@@ -254,3 +258,37 @@ def test_conditions_first_set_in_their_good_state_are_not_announced() -> None:
     ]
     events = change_events(_decision(2, 2, changed=False), {"prefill": 2, "decode": 2}, "active", [], after)
     assert [(e.type, e.reason) for e in events] == [("Warning", "MetricsMissing")]
+
+
+def test_bounds_come_from_the_deployment_spec() -> None:
+    spec = {
+        "prefill": {"replicas": 2, "tensorParallelSize": 2},
+        "decode": {"replicas": 3},
+        "autoscaling": {"enabled": True, "prefill": {"minReplicas": 1, "maxReplicas": 4}, "maxGPUs": 16},
+    }
+    bounds = bounds_of(spec)
+    assert (bounds.prefill.min_replicas, bounds.prefill.max_replicas, bounds.prefill.gpus_per_replica) == (
+        1,
+        4,
+        2,
+    )
+    assert (bounds.decode.min_replicas, bounds.decode.max_replicas) == (3, 3)  # no bounds: hold the spec's
+    assert bounds.max_gpus == 16
+    assert autoscaling_enabled(spec) and not autoscaling_enabled({"autoscaling": {"enabled": False}})
+    assert not autoscaling_enabled({})
+
+
+def test_per_pod_load_query_and_result() -> None:
+    query = running_by_pod_query("vllm", "ns", "chat", "decode")
+    assert query == (
+        "sum by (pod) (vllm:num_requests_running"
+        '{namespace="ns",disagg_deployment="chat",disagg_role="decode"})'
+    )
+    assert "sglang:num_running_reqs" in running_by_pod_query("sglang", "ns", "chat", "decode")
+    result = [
+        {"metric": {"pod": "d-0"}, "value": [1, "3"]},
+        {"metric": {"pod": "d-1"}, "value": [1, "NaN"]},
+        {"metric": {}, "value": [1, "2"]},
+    ]
+    assert loads_from_result(result) == {"d-0": 3.0, "d-1": None}
+    assert loads_from_result("garbage") == {}

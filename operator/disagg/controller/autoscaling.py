@@ -435,12 +435,6 @@ def decode_scale_down(decision: Decision, counts: Mapping[str, RoleCounts], mode
     return mode == "active" and "decode" in counts and decision.decode < counts["decode"].replicas
 
 
-def role_of(name: str) -> Role:
-    if name not in ROLES:
-        raise ValueError(f"role: expected one of {ROLES}, got {name!r}")
-    return "prefill" if name == "prefill" else "decode"
-
-
 # ---------------------------------------------------------------------------------------------- I/O
 # Everything below talks to the API server (through disagg.k8s) or Prometheus (through disagg.metrics).
 
