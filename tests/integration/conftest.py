@@ -51,6 +51,7 @@ class OperatorProcess:
     log_path: Path
     namespace: str
     liveness_url: str
+    metrics_url: str
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -61,6 +62,17 @@ class OperatorProcess:
         except OSError as error:
             return f"(no log: {error})"
         return data[-size:].decode("utf-8", errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        """The operator's Prometheus metrics, sample name (with labels) -> value."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
     def healthy(self) -> bool:
         try:
@@ -113,7 +125,7 @@ def crds(kube: KubeApi) -> list[str]:
 
 
 def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> OperatorProcess:
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     disagg = Path(sys.executable).parent / "disagg"
     command = [
         str(disagg),
@@ -125,11 +137,21 @@ def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> Operato
         f"http://127.0.0.1:{port}/healthz",
         "--resync-interval",
         str(RESYNC_INTERVAL_S),
+        "--metrics-host",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return OperatorProcess(process, log_path, namespace, f"http://127.0.0.1:{port}/healthz")
+    return OperatorProcess(
+        process,
+        log_path,
+        namespace,
+        f"http://127.0.0.1:{port}/healthz",
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    )
 
 
 @pytest.fixture

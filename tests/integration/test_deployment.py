@@ -260,7 +260,11 @@ def test_deleting_the_deployment_cascades_to_children(
 ) -> None:
     apply(kube, tiny_deployment("gone", namespace))
     owner = get_dd(kube, namespace, "gone")
-    assert wait_children(kube, owner)
+    created = wait_children(kube, owner)
+    # the operator counts what it did on its metrics endpoint
+    samples = operator_process.metrics()
+    assert samples['disagg_operator_reconciles_total{result="ok"}'] >= 1
+    assert samples['disagg_operator_child_changes_total{action="created"}'] >= len(created)
     assert kube.delete(DISAGG_DEPLOYMENT, namespace, "gone")
     poll(lambda: not children(kube, namespace, "gone"), what="the garbage collector to remove the children")
     assert kube.get(DISAGG_DEPLOYMENT, namespace, "gone") is None

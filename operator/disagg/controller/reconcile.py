@@ -255,7 +255,13 @@ class Reconciler:
         applied: ApplyResult | None = None
         if problem is None:
             try:
-                applied = apply_children(self.api, obj, children, field_manager=self.settings.field_manager)
+                applied = apply_children(
+                    self.api,
+                    obj,
+                    children,
+                    field_manager=self.settings.field_manager,
+                    concurrency=self.settings.apply_concurrency,
+                )
             except ApplyError as error:
                 problem = Problem("ApplyFailed", str(error), transient=not error.permanent)
             except OSError as error:

@@ -14,6 +14,8 @@ class ControllerSettings:
     resync_interval_s: float = 60.0
     # Delay before kopf retries a reconcile that failed for a transient reason (API server hiccup).
     retry_delay_s: float = 5.0
+    # Children applied concurrently within one apply wave.
+    apply_concurrency: int = 4
     # Timeout of each API request the reconciler makes.
     request_timeout_s: float = 30.0
     # kopf's watch requests: how long the server keeps one open, and the client-side cap.

@@ -122,6 +122,18 @@ class KubeApi:
         content_type: str | None = None,
         accept: str = "application/json",
     ) -> JsonDict:
+        return self.request_with_status(method, path, query, body, content_type, accept)[1]
+
+    def request_with_status(
+        self,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str = "application/json",
+    ) -> tuple[int, JsonDict]:
+        """The HTTP status (e.g. 201 when an apply created the object) and the JSON reply."""
         headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
@@ -143,7 +155,7 @@ class KubeApi:
         result = json.loads(text) if text else {}
         if not isinstance(result, dict):
             raise ValueError(f"{method} {path}: expected a JSON object, got {type(result).__name__}")
-        return result
+        return int(response.status), result
 
     def get(self, kind: Kind, namespace: str | None, name: str) -> JsonDict | None:
         """The object, or None when it does not exist."""
@@ -167,13 +179,19 @@ class KubeApi:
 
         ``kind`` is needed only for kinds other than the children, DisaggregatedDeployment and CRDs.
         """
+        return self.apply_with_status(obj, field_manager, force, kind)[1]
+
+    def apply_with_status(
+        self, obj: Mapping[str, Any], field_manager: str, force: bool = True, kind: Kind | None = None
+    ) -> tuple[int, JsonDict]:
+        """Server-side apply; the HTTP status says whether it created the object (201) or not (200)."""
         kind = kind or kind_of(obj, (*CHILD_KINDS, DISAGG_DEPLOYMENT, CRD))
         metadata = obj.get("metadata") or {}
         query = [("fieldManager", field_manager)]
         if force:
             query.append(("force", "true"))
         path = kind.path(metadata.get("namespace"), metadata["name"])
-        return self.request("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
+        return self.request_with_status("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
 
     def delete(self, kind: Kind, namespace: str | None, name: str, uid: str | None = None) -> bool:
         """Delete (background propagation); with uid, only that incarnation. False when already gone."""
