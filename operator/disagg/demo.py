@@ -898,7 +898,7 @@ def run_demo(args: argparse.Namespace) -> int:
     _step(out, "local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
     cluster = cluster_manager.up()
     (port,) = free_ports(1)
-    run = RunSettings(operator_metrics_port=port, log_dir=settings.report_dir / "logs")
+    run = RunSettings(operator_metrics_port=port, log_dir=(settings.report_dir / "logs").resolve())
     kube = KubeApi(load_api_client(cluster.kubeconfig))
     loop = ClosedLoop(cluster, settings, run, kube)
     try:
