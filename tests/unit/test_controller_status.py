@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from disagg.controller.gate import ReconcileGate
-from disagg.controller.reconcile import FULL, REFRESH, SKIP, Applied, Reconciler
+from disagg.controller.reconcile import FULL, REFRESH, SKIP, Applied, Reconciler, validate
 from disagg.controller.settings import ControllerSettings
 from disagg.controller.status import (
     Problem,
@@ -226,3 +226,23 @@ def test_child_events_escalate_only_for_drift_or_loss() -> None:
     edited = copy.deepcopy(deployment)
     edited["spec"]["replicas"] = 7
     assert reconciler.child_event_level(key, edited, deleted=False) == FULL
+
+
+def test_a_spec_the_model_rejects_becomes_a_problem_naming_the_field() -> None:
+    obj = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": "llama", "namespace": "team"},
+        "spec": {
+            "model": {"name": "m", "source": {"huggingFace": {"id": "m"}}},
+            "engine": {"type": "vllm"},
+            "kvTransfer": {"connector": "nixl"},
+            "prefill": {"replicas": -1},
+        },
+    }
+    dd, problem = validate(obj)
+    assert dd is None and problem is not None
+    assert problem.reason == "InvalidSpec" and "spec.prefill.replicas" in problem.message
+    obj["spec"]["prefill"]["replicas"] = 1
+    dd, problem = validate(obj)
+    assert dd is not None and problem is None
