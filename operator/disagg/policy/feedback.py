@@ -172,7 +172,10 @@ def prefill_proposal(
         if load is not None and c is not None and c > 0:
             # enough replicas for the arriving work at the target utilisation (queueing explodes the
             # latency ratio long before it says how much capacity is missing)
-            target = max(n if starting else n + 1, math.ceil(load * c / policy.feedback.target_utilization))
+            # (capped at doubling: under load a request's prefill time includes the batch it shares, so
+            # arrival rate x prefill time overstates the work)
+            needed = min(math.ceil(load * c / policy.feedback.target_utilization), 2 * max(n, 1))
+            target = max(n if starting else n + 1, needed)
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
     if band.comfortable(ttft):

@@ -256,7 +256,9 @@ def model_based_proposal(
             RoleProposal(None, (Reason("MetricsMissing", msg, "decode"),)),
             corr,
         )
-    plan = planned_rate(rate, now, state.load_history, mb.lookahead_seconds)
+    recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
+    # the trend ahead, or the peak of the metric window if higher (bursty arrivals are not Poisson)
+    plan = max([planned_rate(rate, now, state.load_history, mb.lookahead_seconds), *recent])
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
     context = prompt + out / 2.0
