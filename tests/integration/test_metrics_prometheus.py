@@ -152,3 +152,67 @@ def test_unreachable_prometheus_is_missing_with_the_error_kept() -> None:
     obs, raw = signals.observe("vllm", "prod", "llama", POOLS, 90, 90, 60, now=0.0)
     assert obs.ttft.state is SignalState.MISSING and obs.decode.running.state is SignalState.MISSING
     assert raw.errors and all("Error" in e or "error" in e for e in raw.errors.values())
+
+
+def engine_pod(name: str, role: str, port: int) -> dict[str, Any]:
+    """An engine pod as the renderer labels and annotates it; the live twin's scrape-address annotation
+    points Prometheus at the in-test exposition (a kwok pod's IP is not routable)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "disagg",
+                "disagg.dev/deployment": "llama",
+                "disagg.dev/role": role,
+            },
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+                "disagg.dev/scrape-address": f"127.0.0.1:{port}",
+            },
+        },
+        "spec": {
+            "nodeSelector": {"type": "kwok"},
+            "containers": [
+                {"name": "engine", "image": "engine", "ports": [{"name": "http", "containerPort": 8000}]}
+            ],
+        },
+    }
+
+
+def test_relabelling_finds_engine_pods_through_the_apiserver(
+    kubeconfig: Any,
+    k8s_api: Any,
+    namespace: str,
+    prometheus_factory: Callable[[dict[str, Any]], Any],
+    engines: dict[str, Engine],
+) -> None:
+    from kubernetes import client
+
+    from disagg.metrics.relabel import engine_scrape_config
+
+    core = client.CoreV1Api(k8s_api)
+    for role, engine in engines.items():
+        core.create_namespaced_pod(namespace, engine_pod(f"llama-{role}-0", role, engine.port))
+    job = engine_scrape_config(kubeconfig_file=str(kubeconfig), namespaces=[namespace], scrape_interval_s=1)
+    prom = prometheus_factory({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]})
+    engines["prefill"].waiting.set(5)
+    engines["decode"].running.set(17)
+    signals = PrometheusSignals(prom.url)
+
+    def observe() -> Observation:
+        obs, _ = signals.observe("vllm", namespace, "llama", POOLS, 90, 90, 60, now=time.time())
+        return obs
+
+    obs = poll(observe, lambda o: o.prefill.queue_depth.ok and o.decode.running.ok, timeout_s=90)
+    assert obs.prefill.queue_depth.value == 5.0  # selected by namespace, disagg_deployment, disagg_role
+    assert obs.decode.running.value == 17.0
+    assert observe_other(signals, namespace).decode.running.state is SignalState.MISSING
+
+
+def observe_other(signals: PrometheusSignals, namespace: str) -> Observation:
+    obs, _ = signals.observe("vllm", namespace, "other", POOLS, 90, 90, 60, now=time.time())
+    return obs

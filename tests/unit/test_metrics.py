@@ -157,6 +157,8 @@ def test_relabelling_maps_pod_labels_to_target_labels() -> None:
     assert targets["disagg_role"] == ["__meta_kubernetes_pod_label_disagg_dev_role"]
     assert targets["namespace"] == ["__meta_kubernetes_namespace"]
     assert targets["pod"] == ["__meta_kubernetes_pod_name"]
+    addresses = [r["source_labels"] for r in rules if r.get("target_label") == "__address__"]
+    assert addresses[-1] == ["__meta_kubernetes_pod_annotation_disagg_dev_scrape_address"]  # wins
     keep = [r for r in rules if r.get("action") == "keep"]
     assert keep[0]["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
     job = engine_scrape_config(kubeconfig_file="/tmp/kc", namespaces=["a"])

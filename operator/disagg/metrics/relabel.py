@@ -40,6 +40,15 @@ def scrape_relabel_configs(labels: TargetLabels = TARGET_LABELS) -> list[dict[st
             "target_label": "__address__",
         },
         {
+            # an explicit address wins: the live twin's emulated engines listen on 127.0.0.1 because a
+            # kwok pod's IP is not routable (the annotation is absent on real engine pods)
+            "source_labels": [f"{_POD_ANNOTATION}disagg_dev_scrape_address"],
+            "action": "replace",
+            "regex": "(.+)",
+            "replacement": "$1",
+            "target_label": "__address__",
+        },
+        {
             "source_labels": [f"{_POD_ANNOTATION}prometheus_io_path"],
             "action": "replace",
             "regex": "(.+)",
