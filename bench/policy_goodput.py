@@ -330,7 +330,41 @@ def run_case(case: TraceCase, setup: Setup, quick: bool) -> list[Row]:
     bound = hindsight_lower_bound(reqs, case, setup)
     print(f"  {'hindsight lower bound':<22} {'':>7} {'':>11} {bound:>8.2f}")
     print(f"  (largest traffic shift at t={shift_t}s)")
+    for line in target_check(rows, bound):
+        print(line)
     return rows
+
+
+RATIO_POLICIES = ("slo-feedback", "model-based", "fixed-ratio 1:1")
+
+
+def target_check(rows: Sequence[Row], bound: float) -> list[str]:
+    """The issue's targets per ratio policy: attainment >= 90%; GPU-hours >= 20% below the Dynamo-style
+    baseline where it reaches 90%; within 15% of the hindsight bound; no worse than the best static split."""
+    by_name = {r.name: r for r in rows}
+    dynamo = by_name.get("dynamo-throughput")
+    static = next((r for r in rows if r.name.startswith("best static")), None)
+    out = []
+    for name in RATIO_POLICIES:
+        r = by_name.get(name)
+        if r is None:
+            continue
+        checks = [f"attainment>=90% {'yes' if r.attainment >= 0.9 else 'NO'}"]
+        if dynamo is not None and dynamo.attainment >= 0.9:
+            saving = 1.0 - r.gpu_hours / dynamo.gpu_hours
+            checks.append(f"vs dynamo {saving:+.0%} GPU-h ({'yes' if saving >= 0.2 else 'NO'})")
+        else:
+            checks.append("vs dynamo: n/a (dynamo < 90%)")
+        over = r.gpu_hours / bound - 1.0 if bound > 0 else math.inf
+        checks.append(f"vs hindsight bound {over:+.0%} ({'yes' if over <= 0.15 else 'NO'})")
+        if static is not None:
+            ok = r.attainment >= static.attainment and r.gpu_hours <= static.gpu_hours
+            checks.append(
+                f"vs best static {r.attainment - static.attainment:+.1%} attainment, "
+                f"{r.gpu_hours / static.gpu_hours - 1.0:+.0%} GPU-h ({'yes' if ok else 'NO'})"
+            )
+        out.append(f"  targets {name}: " + "; ".join(checks))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
