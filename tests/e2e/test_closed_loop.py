@@ -33,9 +33,11 @@ from disagg.k8s.client import POD, Kind, KubeApi, load_api_client
 
 pytestmark = pytest.mark.timeout(480)
 
-# Shorter than the demo: ~2.5 minutes of traffic; the shift comes early enough to see a recovery.
+# Shorter than the demo: ~2.5 minutes of traffic; the shift comes early enough to see a recovery. The
+# scale-down window outlasts the run, so what is asserted is the move and the recovery, not the shrink.
 SCENARIO = DemoSettings(
     phases=(Phase("chat", 30.0, 5.0, 300, 64), Phase("documents", 120.0, 5.0, 12000, 64)),
+    scale_down_window_s=300,
 )
 
 
@@ -83,8 +85,8 @@ def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) 
     # the operator moved the ratio toward prefill after the shift to long prompts
     assert outcome.moved_toward_prefill, timeline
     # ... and users' TTFT, as Prometheus computes it, came back under the SLO
+    assert outcome.breached_after_shift and outcome.recovered, timeline
     measured = [s for s in samples if s.phase == "documents" and s.ttft_s is not None]
-    assert measured, timeline
     assert measured[-1].ttft_s is not None and measured[-1].ttft_s <= settings.ttft_slo_s, timeline
 
     # every move is in status: each allocation the children ran (beyond the first) was a recorded decision
