@@ -896,6 +896,7 @@ def run_demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     cluster_manager = LocalCluster(state_dir=args.state_dir) if args.state_dir else LocalCluster()
     _step(out, "local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
+    already_up = cluster_manager.status().running  # a cluster the user brought up stays up
     cluster = cluster_manager.up()
     (port,) = free_ports(1)
     run = RunSettings(operator_metrics_port=port, log_dir=(settings.report_dir / "logs").resolve())
@@ -935,7 +936,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         loop.stop()
-        if args.keep:
+        if args.keep or already_up:
             _step(out, f"cluster left up: export KUBECONFIG={cluster.kubeconfig}")
         else:
             cluster_manager.down()
