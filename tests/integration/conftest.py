@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,13 +124,14 @@ def crds(kube: KubeApi) -> list[str]:
     return names
 
 
-def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> OperatorProcess:
+def _start_operator(
+    kubeconfig: Path, namespace: str, log_path: Path, extra_args: Sequence[str]
+) -> OperatorProcess:
     port, metrics_port = _free_port(), _free_port()
     disagg = Path(sys.executable).parent / "disagg"
     command = [
         str(disagg),
         "run",
-        "--standalone",
         "--namespace",
         namespace,
         "--liveness-endpoint",
@@ -141,6 +142,7 @@ def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> Operato
         "127.0.0.1",
         "--metrics-port",
         str(metrics_port),
+        *extra_args,
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with log_path.open("wb") as log:
@@ -154,24 +156,45 @@ def _start_operator(kubeconfig: Path, namespace: str, log_path: Path) -> Operato
     )
 
 
+def _wait_live(operator: OperatorProcess) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not operator.healthy():
+        if not operator.alive():
+            pytest.fail(f"the operator exited with {operator.process.returncode}:\n{operator.log_tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the operator's liveness endpoint did not answer:\n{operator.log_tail()}")
+        time.sleep(0.25)
+
+
+OperatorFactory = Callable[[Sequence[str]], OperatorProcess]
+
+
 @pytest.fixture
-def operator_process(
+def operator_factory(
     request: pytest.FixtureRequest, kubeconfig: Path, namespace: str, crds: list[str], tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """``disagg run --standalone --namespace <the test's namespace>`` as a subprocess, ready to use."""
-    operator = _start_operator(kubeconfig, namespace, tmp_path / "operator.log")
-    request.node.stash.setdefault(_OPERATOR_KEY, []).append(operator)
+) -> Iterator[OperatorFactory]:
+    """Start ``disagg run --namespace <the test namespace> ARGS...``; every one is stopped after the test."""
+    started: list[OperatorProcess] = request.node.stash.setdefault(_OPERATOR_KEY, [])
+
+    def start(extra_args: Sequence[str]) -> OperatorProcess:
+        operator = _start_operator(
+            kubeconfig, namespace, tmp_path / f"operator-{len(started)}.log", extra_args
+        )
+        started.append(operator)
+        _wait_live(operator)
+        return operator
+
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not operator.healthy():
-            if not operator.alive():
-                pytest.fail(f"the operator exited with {operator.process.returncode}:\n{operator.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the operator's liveness endpoint did not answer:\n{operator.log_tail()}")
-            time.sleep(0.25)
-        yield operator
+        yield start
     finally:
-        operator.stop()
+        for operator in started:
+            operator.stop()
+
+
+@pytest.fixture
+def operator_process(operator_factory: OperatorFactory) -> OperatorProcess:
+    """``disagg run --standalone --namespace <the test's namespace>`` as a subprocess, ready to use."""
+    return operator_factory(["--standalone"])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -179,5 +202,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     if report.failed:
-        for operator in item.stash.get(_OPERATOR_KEY, []):
-            report.sections.append((f"operator log (last {_LOG_TAIL_BYTES} bytes)", operator.log_tail()))
+        for index, operator in enumerate(item.stash.get(_OPERATOR_KEY, [])):
+            report.sections.append(
+                (f"operator[{index}] log (last {_LOG_TAIL_BYTES} bytes)", operator.log_tail())
+            )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.k8s.apply import DEPLOYMENT_LABEL
@@ -33,7 +34,7 @@ from disagg.k8s.client import (
 from disagg.render import render_children
 
 if TYPE_CHECKING:
-    from conftest import OperatorProcess  # tests/integration/conftest.py
+    from conftest import OperatorFactory, OperatorProcess  # tests/integration/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -43,6 +44,7 @@ PERSISTENT_VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespac
 PERSISTENT_VOLUME_CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 APPLIABLE = {(k.api_version, k.kind): k for k in (DISAGG_DEPLOYMENT, RATIO_POLICY, SECRET, *CHILD_KINDS)}
 READY_TIMEOUT_S = 120.0
+GC_TIMEOUT_S = 120.0
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 
 ChildKey = tuple[str, str]
@@ -266,7 +268,12 @@ def test_deleting_the_deployment_cascades_to_children(
     assert samples['disagg_operator_reconciles_total{result="ok"}'] >= 1
     assert samples['disagg_operator_child_changes_total{action="created"}'] >= len(created)
     assert kube.delete(DISAGG_DEPLOYMENT, namespace, "gone")
-    poll(lambda: not children(kube, namespace, "gone"), what="the garbage collector to remove the children")
+    # the garbage collector learns a new CRD's kind at its next discovery sync (every 30 s): be patient
+    poll(
+        lambda: not children(kube, namespace, "gone"),
+        timeout_s=GC_TIMEOUT_S,
+        what="the garbage collector to remove the children",
+    )
     assert kube.get(DISAGG_DEPLOYMENT, namespace, "gone") is None
 
 
@@ -417,3 +424,46 @@ def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_work
         return condition(get_dd(kube, namespace, "broken"), "Degraded").get("status") == "False"
 
     poll(recovered, what="broken no longer Degraded")
+
+
+KOPF_PEERING_CRDS = ROOT / "charts" / "disagg-operator" / "crds" / "kopf-peering.yaml"
+KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
+
+
+def test_peered_replicas_fail_over(kube: KubeApi, namespace: str, operator_factory: OperatorFactory) -> None:
+    """Two operators peered via a KopfPeering (the chart's CRD): the standby acts once the active stops."""
+    for crd in yaml.safe_load_all(KOPF_PEERING_CRDS.read_text()):
+        kube.apply(crd, field_manager="disagg-tests")
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "KopfPeering",
+        "metadata": {"name": "disagg", "namespace": namespace},
+    }
+    poll(lambda: _try_apply(kube, peering), what="the KopfPeering CRD served")
+    args = ["--peering", "disagg", "--peering-lifetime", "10"]
+    standby = operator_factory([*args, "--peering-priority", "10"])
+    active = operator_factory([*args, "--peering-priority", "20"])
+
+    apply(kube, tiny_deployment("ha", namespace))
+    before = wait_children(kube, get_dd(kube, namespace, "ha"))
+    active.stop()  # a graceful stop withdraws it from the peering at once
+    kube.delete(SERVICE, namespace, "ha-router")
+
+    def restored() -> bool:
+        svc = kube.get(SERVICE, namespace, "ha-router")
+        return (
+            svc is not None and svc["metadata"]["uid"] != before[("Service", "ha-router")]["metadata"]["uid"]
+        )
+
+    poll(restored, what="the standby operator to restore the deleted router Service")
+    assert standby.alive()
+
+
+def _try_apply(kube: KubeApi, obj: JsonDict) -> bool:
+    try:
+        kube.apply(obj, field_manager="disagg-tests", kind=KOPF_PEERING)
+    except ApiException as error:
+        if error.status == 404:  # the CRD is not served yet
+            return False
+        raise
+    return True
