@@ -52,7 +52,15 @@ class Workload:
 WORKLOADS: tuple[Workload, ...] = (
     Workload("chat", "azure2023/AzureLLMInferenceTrace_conv.csv"),
     Workload("rag-long-context", "mooncake/synthetic_trace.jsonl", prefill=6, decode=2, duration_s=None),
-    Workload("code-completion", "azure2023/AzureLLMInferenceTrace_code.csv", prefill=2, decode=1),
+    # Completion models are small: an 8B model on one GPU per replica.
+    Workload(
+        "code-completion",
+        "azure2023/AzureLLMInferenceTrace_code.csv",
+        model="llama-3.1-8b",
+        tp=1,
+        prefill=2,
+        decode=1,
+    ),
     # Batch: the same conversations, offered at twice the rate, against a loose SLO and a GPU budget.
     Workload(
         "batch-offline",
