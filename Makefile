@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 DISAGG    := $(BIN)/disagg
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit lint crds golden demo cluster-up cluster-down bench bench-twin clean
+.PHONY: venv test unit lint crds golden demo cluster-build cluster-up cluster-down bench bench-twin clean
 
 $(BIN)/disagg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,10 @@ golden: crds
 ## make demo: the closed loop on the local control plane (builds the binaries on first use)
 demo: venv
 	$(DISAGG) demo
+
+## make cluster-build: build or reuse the control-plane programs in ~/.cache/disagg (cold: ~20 min on 2 cores)
+cluster-build: venv
+	$(DISAGG) cluster build
 
 cluster-up: venv
 	$(DISAGG) cluster up
