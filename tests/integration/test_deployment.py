@@ -328,6 +328,27 @@ def test_hand_edits_and_deleted_children_are_restored(
     assert operator_process.alive()
 
 
+def test_a_restarted_operator_resumes_and_repairs_what_changed_meanwhile(
+    kube: KubeApi, namespace: str, operator_factory: OperatorFactory
+) -> None:
+    first = operator_factory(["--standalone"])
+    apply(kube, tiny_deployment("resume", namespace))
+    wait_children(kube, get_dd(kube, namespace, "resume"))
+    first.stop()
+    kube.request(
+        "PATCH",
+        DEPLOYMENT.path(namespace, "resume-prefill"),
+        query=[("fieldManager", "kubectl-edit")],
+        body={"spec": {"replicas": 4}},
+        content_type=MERGE_PATCH,
+    )
+    kube.delete(SERVICE, namespace, "resume-decode")
+    operator_factory(["--standalone"])
+    poll(lambda: deployment_replicas(kube, namespace, "resume-prefill") == 1, what="prefill back to 1")
+    poll(lambda: kube.get(SERVICE, namespace, "resume-decode") is not None, what="decode Service recreated")
+    wait_ready(kube, namespace, "resume")
+
+
 def test_spec_changes_scale_the_pools_and_prune_what_is_no_longer_rendered(
     kube: KubeApi, namespace: str, operator_process: OperatorProcess
 ) -> None:

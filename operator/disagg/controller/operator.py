@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 import kopf
+from kubernetes.config.config_exception import ConfigException
 
 from disagg.controller import autoscaling  # noqa: F401  (registers the autoscaling timer)
 from disagg.controller.gate import ReconcileGate
@@ -69,7 +70,14 @@ def build_memo(api: KubeApi, metrics: ControllerMetrics, options: RunOptions) ->
 
 def run_operator(options: RunOptions) -> int:
     """Run until interrupted; the exit code."""
-    api = KubeApi(load_api_client(), request_timeout_s=options.settings.request_timeout_s)
+    try:
+        api_client = load_api_client()
+    except ConfigException as error:
+        raise SystemExit(
+            "disagg run: no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config), "
+            f"or run in a pod with a service account ({error})"
+        ) from error
+    api = KubeApi(api_client, request_timeout_s=options.settings.request_timeout_s)
     metrics = create_metrics()
     reconciler = Reconciler(api, options.settings, metrics)
     registry = kopf.get_default_registry()
