@@ -6,11 +6,15 @@ own TTFT measures, since it returns after the first token) plus the decode side 
 first decode step). A TTFT breach is attributed to the side holding the larger share; an ITL breach or
 KV-cache pressure to decode.
 
-Scale-up is proportional to the latency/target ratio (at least one replica, at most doubling per
-evaluation; the per-step caps and stabilisation windows then shape it). Scale-down proves its safety
+Scale-up on a prefill breach sizes for the work arriving (rate x mean prefill time at the target
+utilisation) when both are measured, else grows in proportion to the latency/target ratio; always at
+least one replica and at most doubling per evaluation, and nothing more while replicas asked for
+earlier are still starting (their effect cannot show yet). The per-step caps and stabilisation windows
+then shape it. Scale-down proves its safety
 with a small queueing model calibrated on the present: a pool of ``n`` replicas whose estimated busy
 fraction is ``rho`` shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and the
-predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target.
+predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target, judged at the peak arrival
+rate of the metric window.
 """
 
 from __future__ import annotations
