@@ -69,7 +69,7 @@ class Outcome:
     problem: Problem | None
     applied: ApplyResult | None
     status_written: bool
-    replicas: Mapping[str, int] | None  # the replicas applied to prefill/decode, when the render succeeded
+    replicas: Mapping[str, int] | None  # the replicas applied to prefill/decode, when the apply succeeded
 
 
 def format_validation_error(error: ValidationError) -> str:
@@ -253,7 +253,11 @@ class Reconciler:
         if dd is not None:
             children, replicas, problem = render(dd)
         applied: ApplyResult | None = None
+        generation = int(metadata.get("generation") or 0)
+        manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)}
         if problem is None:
+            # remembered before applying, so the watch events our own apply causes are not taken for drift
+            self._remember(key, Applied(generation, replicas, manifests, None))
             try:
                 applied = apply_children(
                     self.api,
@@ -266,9 +270,9 @@ class Reconciler:
                 problem = Problem("ApplyFailed", str(error), transient=not error.permanent)
             except OSError as error:
                 problem = Problem("ApplyFailed", f"API server unreachable: {error}", transient=True)
-        generation = int(metadata.get("generation") or 0)
-        manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)} if applied else {}
-        self._remember(key, Applied(generation, replicas if applied else None, manifests, problem))
+        if applied is None:
+            manifests, replicas = {}, None
+        self._remember(key, Applied(generation, replicas, manifests, problem))
         if applied is not None:
             self._count_changes(applied)
             self._announce_changes(obj, applied)
