@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from disagg.api.crd import all_crds
-from disagg.k8s.client import CRD, KubeApi
+from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, KubeApi
 
 _OPERATOR_KEY = pytest.StashKey[list["OperatorProcess"]]()
 _LOG_TAIL_BYTES = 8000
@@ -171,7 +171,12 @@ OperatorFactory = Callable[[Sequence[str]], OperatorProcess]
 
 @pytest.fixture
 def operator_factory(
-    request: pytest.FixtureRequest, kubeconfig: Path, namespace: str, crds: list[str], tmp_path: Path
+    request: pytest.FixtureRequest,
+    kubeconfig: Path,
+    kube: KubeApi,
+    namespace: str,
+    crds: list[str],
+    tmp_path: Path,
 ) -> Iterator[OperatorFactory]:
     """Start ``disagg run --namespace <the test namespace> ARGS...``; every one is stopped after the test."""
     started: list[OperatorProcess] = request.node.stash.setdefault(_OPERATOR_KEY, [])
@@ -187,8 +192,23 @@ def operator_factory(
     try:
         yield start
     finally:
-        for operator in started:
-            operator.stop()
+        try:
+            if any(operator.alive() for operator in started):
+                _delete_deployments(kube, namespace)
+        finally:
+            for operator in started:
+                operator.stop()
+
+
+def _delete_deployments(kube: KubeApi, namespace: str) -> None:
+    """Delete the namespace's DisaggregatedDeployments while an operator still runs to release kopf's
+    finalizer (otherwise the namespace would stay Terminating after the test)."""
+    for obj in kube.list(DISAGG_DEPLOYMENT, namespace):
+        kube.delete(DISAGG_DEPLOYMENT, namespace, obj["metadata"]["name"])
+    poll(
+        lambda: not kube.list(DISAGG_DEPLOYMENT, namespace),
+        what="the test's DisaggregatedDeployments deleted",
+    )
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ def test_kopf_keeps_its_state_in_annotations_so_status_stays_ours() -> None:
     settings = kopf_settings(RunOptions(peering_lifetime_s=30, settings=ControllerSettings(max_workers=3)))
     assert type(settings.persistence.progress_storage).__name__ == "AnnotationsProgressStorage"
     assert type(settings.persistence.diffbase_storage).__name__ == "AnnotationsDiffBaseStorage"
+    assert settings.persistence.finalizer == "disagg.dev/finalizer"
     assert settings.posting.level == logging.WARNING
     assert settings.peering.lifetime == 30
     assert settings.execution.max_workers == 3

@@ -122,7 +122,13 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
         _reconcile_quietly(context, (namespace or "", name), "resync")
 
     kopf.timer(
-        GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=context.settings.resync_interval_s
+        GROUP,
+        VERSION,
+        PLURAL,
+        registry=registry,
+        id="resync",
+        interval=context.settings.resync_interval_s,
+        initial_delay=context.settings.resync_interval_s,  # creation and resume reconcile already
     )(resync)
 
 

@@ -48,6 +48,7 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ours.annotations_prefix, key="last-handled-configuration"
     )
+    settings.persistence.finalizer = ours.finalizer
     settings.posting.level = logging.getLevelName(ours.kopf_event_level)
     settings.watching.server_timeout = ours.watch_server_timeout_s
     settings.watching.client_timeout = ours.watch_client_timeout_s

@@ -23,6 +23,9 @@ class ControllerSettings:
     watch_client_timeout_s: int = 330
     # Prefix of the annotations where kopf keeps its handler progress and last-handled spec.
     annotations_prefix: str = "disagg.dev"
+    # kopf puts this finalizer on objects with timers (resync, autoscaling) so it can stop them before the
+    # object goes; delete DisaggregatedDeployments before uninstalling the operator.
+    finalizer: str = "disagg.dev/finalizer"
     # kopf's own Events (handler succeeded/failed) below this level are not posted; ours always are.
     kopf_event_level: str = "WARNING"
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
