@@ -18,7 +18,7 @@ from disagg.controller.status import (
     set_condition,
     status_differs,
 )
-from disagg.k8s.apply import controller_owner, matches, owner_reference, with_owner
+from disagg.k8s.apply import apply_waves, controller_owner, matches, owner_reference, with_owner
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -246,3 +246,19 @@ def test_a_spec_the_model_rejects_becomes_a_problem_naming_the_field() -> None:
     obj["spec"]["prefill"]["replicas"] = 1
     dd, problem = validate(obj)
     assert dd is not None and problem is None
+
+
+def test_children_are_applied_in_waves_that_keep_references_resolvable() -> None:
+    kinds = [
+        "ServiceAccount",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+    ]
+    manifests = [{"kind": kind, "metadata": {"name": f"c{i}"}} for i, kind in enumerate(kinds)]
+    waves = [[m["metadata"]["name"] for m in wave] for wave in apply_waves(manifests)]
+    assert waves == [["c0", "c1", "c2", "c6"], ["c3", "c4"], ["c5"]]
+    assert apply_waves([]) == []
