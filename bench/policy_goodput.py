@@ -5,7 +5,9 @@ decode), same bounds and same SLOs for every policy on a trace. Prints, side by 
 goodput per GPU-hour, GPU-hours, scaling actions, oscillations (direction reversals of a pool within
 10 minutes), time to recover after the largest traffic shift; plus the best static split in hindsight
 and a hindsight lower bound on GPU-hours (per 5-minute window, the smallest allocation that meets the
-SLO for that window's traffic, ignoring start-up delay).
+SLO for that window's traffic, ignoring start-up delay). Every ratio policy runs with the RatioPolicy
+defaults and only the trace's SLO set (one policy for all traces, no per-trace tuning). Every run stops
+30 minutes after the last arrival; requests not finished by then are counted (``unfinished``) and missed.
 
     .venv/bin/python bench/policy_goodput.py [--trace NAME] [--quick]
 
@@ -71,6 +73,21 @@ class Setup:
     startup_delay_s: float = 120.0
     window_s: float = 300.0  # hindsight-bound windows
     oscillation_s: float = 600.0
+    # every run stops this long after the last arrival (the twin's default is 4 h): a contender whose
+    # engines stall is charged for its requests (unfinished = missed), not for hours of stalled GPUs
+    drain_s: float = 1800.0
+
+    def run(
+        self, deployment: SimDeployment, reqs: Sequence[Request], controller: Controller | None = None
+    ) -> SimResult:
+        last = max((r.arrival_s for r in reqs), default=0.0)
+        return simulate(
+            deployment,
+            reqs,
+            controller=controller,
+            interval_s=self.interval_s,
+            max_time_s=last + self.drain_s,
+        )
 
     def deployment(
         self, prefill: int | None = None, decode: int | None = None, startup: float | None = None
@@ -242,7 +259,7 @@ def smallest_static(
         for d in range(1, max_n + 1):
             if best is not None and p + d >= sum(best):
                 break
-            if meets(simulate(setup.deployment(p, d, startup), reqs, interval_s=setup.interval_s), case):
+            if meets(setup.run(setup.deployment(p, d, startup), reqs), case):
                 best = (p, d)
                 break
     return best
@@ -279,6 +296,7 @@ class Row:
     actions: int
     oscillations: int
     recovery_s: float | None
+    unfinished: int
 
 
 def evaluate(name: str, result: SimResult, case: TraceCase, setup: Setup, shift_t: float | None) -> Row:
@@ -292,6 +310,7 @@ def evaluate(name: str, result: SimResult, case: TraceCase, setup: Setup, shift_
         actions,
         osc,
         recovery_time(result, shift_t, case),
+        int(result.arrival.size - result.finished),
     )
 
 
@@ -299,7 +318,7 @@ def fmt_row(r: Row) -> str:
     rec = "-" if r.recovery_s is None else ("never" if math.isinf(r.recovery_s) else f"{r.recovery_s:.0f}s")
     return (
         f"  {r.name:<22} {r.attainment:>7.1%} {r.goodput_per_gpu_h:>11.0f} {r.gpu_hours:>8.2f} "
-        f"{r.actions:>7} {r.oscillations:>5} {rec:>9}"
+        f"{r.actions:>7} {r.oscillations:>5} {rec:>9} {r.unfinished:>10}"
     )
 
 
@@ -315,14 +334,14 @@ def run_case(case: TraceCase, setup: Setup, quick: bool) -> list[Row]:
     shift_t: float | None = None
     for name, make in controllers(case, setup).items():
         t0 = time.perf_counter()
-        result = simulate(setup.deployment(), reqs, controller=make(), interval_s=setup.interval_s)
+        result = setup.run(setup.deployment(), reqs, make())
         if shift_t is None:
             shift_t = largest_shift(result)
         rows.append(evaluate(name, result, case, setup, shift_t))
         print(fmt_row(rows[-1]), f"  ({time.perf_counter() - t0:.1f}s)", flush=True)
     static = smallest_static(reqs, case, setup)
     if static is not None:
-        result = simulate(setup.deployment(*static), reqs, interval_s=setup.interval_s)
+        result = setup.run(setup.deployment(*static), reqs)
         rows.append(evaluate(f"best static {static[0]}P:{static[1]}D", result, case, setup, shift_t))
         print(fmt_row(rows[-1]), flush=True)
     else:
@@ -380,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  {'policy':<22} {'SLO ok':>7} {'good/GPU-h':>11} {'GPU-h':>8} {'actions':>7} {'osc':>5} "
-        f"{'recovery':>9}"
+        f"{'recovery':>9} {'unfinished':>10}"
     )
     for case in CASES:
         if args.trace and case.name not in args.trace:

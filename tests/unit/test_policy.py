@@ -20,7 +20,7 @@ from disagg.policy import (
     ServingProfile,
     decide,
 )
-from disagg.policy.types import MISSING
+from disagg.policy.types import MISSING, Recommendation
 
 
 def spec(**kw: Any) -> RatioPolicySpec:
@@ -72,7 +72,9 @@ def obs(
 BOUNDS = Bounds(prefill=RoleBounds(1, 16), decode=RoleBounds(1, 16))
 
 
-def run(o: Observation, policy: RatioPolicySpec, state: PolicyState | None = None, bounds: Bounds = BOUNDS):
+def run(
+    o: Observation, policy: RatioPolicySpec, state: PolicyState | None = None, bounds: Bounds = BOUNDS
+) -> tuple[Decision, PolicyState]:
     return decide(o, policy, state or PolicyState(), o.time, bounds)
 
 
@@ -111,7 +113,14 @@ def test_kv_pressure_grows_decode() -> None:
 
 def test_surplus_shrinks_only_after_the_scale_down_window() -> None:
     policy = spec(scaleDown={"stabilizationWindowSeconds": 120, "maxStep": {"prefill": 1, "decode": 1}})
-    quiet = {"ttft": 0.25, "itl": 0.012, "rate": 1.0, "queue": 0.0, "prefill_time": 0.1, "kv": 0.1}
+    quiet: dict[str, Any] = {
+        "ttft": 0.25,
+        "itl": 0.012,
+        "rate": 1.0,
+        "queue": 0.0,
+        "prefill_time": 0.1,
+        "kv": 0.1,
+    }
     state = PolicyState()
     # the pools were busy (recommendation = current) until t=0, then the load fell
     d, state = run(obs(t=0.0), spec(), state)
@@ -296,7 +305,7 @@ def test_model_based_grows_with_load() -> None:
 def test_model_based_moves_toward_prefill_when_prompts_grow() -> None:
     policy = spec(algorithm="model-based", **FREE)
     # no latency samples to correct the model with: the model's own capacity decides
-    neutral = {"p": 8, "d": 8, "rate": 40.0, "prefill_time": None, "running": None}
+    neutral: dict[str, Any] = {"p": 8, "d": 8, "rate": 40.0, "prefill_time": None, "running": None}
     chat, _ = run(obs(prompt=300.0, output=300.0, **neutral), policy, bounds=MB_BOUNDS)
     docs, _ = run(obs(prompt=8000.0, output=100.0, **neutral), policy, bounds=MB_BOUNDS)
     assert docs.prefill / docs.decode > chat.prefill / chat.decode
@@ -319,3 +328,54 @@ def test_model_based_holds_on_missing_load() -> None:
     d, _ = run(obs(rate=None, p=5, d=5), spec(algorithm="model-based"), bounds=MB_BOUNDS)
     assert (d.prefill, d.decode) == (5, 5)
     assert d.cause == "MetricsMissing"
+
+
+# --- tuning: backlogs, bursts and the scale-down window's memory ----------------------------------
+
+
+def with_queue(o: Observation, depth: float) -> Observation:
+    return replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(depth)))
+
+
+def test_backlog_breach_holds_prefill_when_capacity_fits_the_load() -> None:
+    # all 4 replicas ready, 1 req/s x 0.4 s per request = 10% busy, yet 40 requests queued from before:
+    # new replicas would take only new arrivals, so the pool holds while the backlog drains
+    backlog = with_queue(obs(p=4, ttft=8.0, queue=7.5, prefill_time=0.4, rate=1.0), 40.0)
+    d, _ = run(backlog, spec())
+    assert d.prefill == 4
+    assert d.cause == "TTFTBreachBacklog"
+
+
+def test_breach_with_load_beyond_capacity_still_grows() -> None:
+    # same queue, but 10 req/s x 0.4 s = 4 replicas' worth of work on 4 replicas: more are needed
+    overload = with_queue(obs(p=4, ttft=8.0, queue=7.5, prefill_time=0.4, rate=10.0), 40.0)
+    d, _ = run(overload, spec())
+    assert d.prefill > 4
+    assert d.cause == "TTFTBreachPrefillQueue"
+
+
+def test_shrink_is_judged_against_the_scale_down_window_peak() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 300, "maxStep": {"prefill": 1, "decode": 1}})
+    quiet = obs(t=1000.0, ttft=0.25, rate=1.0, queue=0.0, prefill_time=0.1)
+    old = (Recommendation(0.0, 2, 4),)  # older than every window: no stabilisation hold
+    calm, _ = run(quiet, policy, PolicyState(recommendations=old))
+    assert calm.prefill == 1
+    # a burst of 12 req/s 200 s ago (outside the 120 s metric window, inside the 300 s scale-down
+    # window): one replica would be 120% busy at that rate, so the pool keeps both
+    burst = PolicyState(recommendations=old, load_history=((800.0, 12.0),))
+    kept, _ = run(quiet, policy, burst)
+    assert kept.prefill == 2
+
+
+def test_model_based_shrink_needs_the_observed_latencies_to_agree() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    # the model sizes 1 req/s of 1000-token prompts at one replica, but the prefill pool's requests
+    # queued 0.3 s at p90 on 8 replicas (bursts): halving the pool would double that wait
+    bursty, _ = run(obs(p=8, rate=1.0, ttft=0.5, queue=0.3, prefill_time=0.15), policy, bounds=MB_BOUNDS)
+    smooth, _ = run(obs(p=8, rate=1.0, ttft=0.5, queue=0.0, prefill_time=0.15), policy, bounds=MB_BOUNDS)
+    assert smooth.prefill < bursty.prefill < 8
+    assert bursty.prefill == 4  # 0.05 s decode side + 0.15 s prefill + 0.3 s x 8/4 = 0.8 s <= 0.9 s
+
+
+def test_default_scale_down_window_is_the_hpa_default() -> None:
+    assert RatioPolicySpec().scale_down.stabilization_window_seconds == 300

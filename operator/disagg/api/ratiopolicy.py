@@ -122,7 +122,9 @@ def _default_scale_up() -> ScalingRules:
 
 
 def _default_scale_down() -> ScalingRules:
-    return ScalingRules(stabilization_window_seconds=600, max_step=RoleSteps(prefill=1, decode=1))
+    # 300 s: the HorizontalPodAutoscaler's default scale-down stabilisation window (Kubernetes docs,
+    # "Horizontal Pod Autoscaling", --horizontal-pod-autoscaler-downscale-stabilization, default 5m)
+    return ScalingRules(stabilization_window_seconds=300, max_step=RoleSteps(prefill=1, decode=1))
 
 
 class GPUBudget(ApiModel):

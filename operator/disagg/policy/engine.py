@@ -54,7 +54,7 @@ def propose(
                 fallback = feedback_proposal(obs, policy, bounds, state)
                 note = Reason("ModelUnavailable", f"no latency model ({exc}); using slo-feedback")
                 return replace(fallback, prefill=_with_reason(fallback.prefill, note))
-            return model_based_proposal(obs, policy, state, now, bounds, models)
+            return model_based_proposal(obs, policy, state, now, bounds, models, history_window(policy))
         fallback = feedback_proposal(obs, policy, bounds, state)
         note = Reason("ModelUnavailable", "no model/GPU profile known; using slo-feedback")
         return replace(fallback, prefill=_with_reason(fallback.prefill, note))
@@ -72,7 +72,23 @@ def feedback_proposal(
 ) -> Proposal:
     history = state.load_history if state is not None else ()
     rate = peak_rate(obs, history, policy.metric_window_seconds)
-    return Proposal(prefill_proposal(obs, policy, bounds, rate), decode_proposal(obs, policy, bounds))
+    # a shrink must hold up against the busiest moment it will be remembered for: the peak over the
+    # scale-down window (bursty traffic looks idle between bursts)
+    shrink_rate = peak_rate(obs, history, history_window(policy))
+    return Proposal(
+        prefill_proposal(obs, policy, bounds, rate, shrink_rate), decode_proposal(obs, policy, bounds)
+    )
+
+
+def history_window(policy: RatioPolicySpec) -> float:
+    """How long the request-rate history is kept: the longest window any part of the policy reads."""
+    return float(
+        max(
+            policy.model_based.lookahead_seconds,
+            policy.metric_window_seconds,
+            policy.scale_down.stabilization_window_seconds,
+        )
+    )
 
 
 def fixed_ratio_proposal(
@@ -268,11 +284,9 @@ def decide(
         elif targets[role] < current[role]:
             last_down[role] = now
     rate = observation.request_rate
-    history = tuple(
-        (t, r)
-        for t, r in state.load_history
-        if now - t <= max(policy.model_based.lookahead_seconds, policy.metric_window_seconds)
-    ) + (((now, rate.value),) if rate.ok and rate.value is not None else ())
+    history = tuple((t, r) for t, r in state.load_history if now - t <= history_window(policy)) + (
+        ((now, rate.value),) if rate.ok and rate.value is not None else ()
+    )
     new_state = PolicyState(
         recommendations=recs,
         last_scale_up=last_up,

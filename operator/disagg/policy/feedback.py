@@ -81,8 +81,34 @@ def prefill_side_ttft(obs: Observation) -> float | None:
     return q + c
 
 
+def burst_drain_ttft(decode_side: float, compute: float, queued: float, n: int, m: int) -> float:
+    """TTFT at ``m`` prefill replicas if the observed queueing comes from bursts: a burst's prompts are
+    spread over the replicas and drain in parallel, so the wait in front of a request scales with n/m.
+
+    A low mean arrival rate (what the M/M/1 view sees) says nothing about a burst of simultaneous
+    requests (bursty code-completion traffic); their queue time does, and it grows as replicas go.
+    """
+    return decode_side + compute + max(queued, 0.0) * n / m
+
+
+def backlog_only(obs: Observation, n: int, utilization: float) -> bool:
+    """A TTFT breach that more prefill replicas would not cure: every replica asked for is ready, the
+    present arrival rate x prefill time fits ``n`` replicas at the target utilisation, and requests are
+    still queued (routed earlier, they wait on the replicas they were sent to: a new replica takes only
+    new arrivals). Holding lets the backlog drain instead of adding replicas that arrive idle."""
+    rate, c, queue = _val(obs.request_rate), _val(obs.prefill.compute_time), _val(obs.prefill.queue_depth)
+    if rate is None or c is None or queue is None or obs.prefill.ready < n or n <= 0:
+        return False
+    return queue > n and rate * c / n <= utilization
+
+
 def smallest_safe_prefill(
-    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds, rate: float | None
+    obs: Observation,
+    n: int,
+    band: Band,
+    util_cap: float,
+    rb: RoleBounds,
+    rate: float | None,
 ) -> tuple[int, str] | None:
     """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
 
@@ -98,6 +124,7 @@ def smallest_safe_prefill(
         return None
     decode_side = max(ttft - side, 0.0)
     calibration = max(side / (s / (1.0 - rho)), 1.0) if s > 0 else 1.0
+    queued = side - s  # the queue-time share at the percentile
     best: tuple[int, str] | None = None
     for m in range(n - 1, rb.min_replicas - 1, -1):
         if m <= 0:
@@ -105,7 +132,8 @@ def smallest_safe_prefill(
         rho_m = rho * n / m
         if rho_m >= util_cap:
             break
-        predicted = decode_side + calibration * s / (1.0 - rho_m)
+        poisson = decode_side + calibration * s / (1.0 - rho_m)
+        predicted = max(poisson, burst_drain_ttft(decode_side, s, queued, n, m))
         if predicted > band.ceiling_after_shrink:
             break
         best = (m, f"predicted TTFT {predicted:.3f}s at busy fraction {rho_m:.2f} with {m} replicas")
@@ -150,9 +178,15 @@ def peak_rate(obs: Observation, history: Sequence[tuple[float, float]], window_s
 
 
 def prefill_proposal(
-    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, rate: float | None = None
+    obs: Observation,
+    policy: RatioPolicySpec,
+    bounds: Bounds,
+    rate: float | None = None,
+    shrink_rate: float | None = None,
 ) -> RoleProposal:
-    """``rate``: the arrival rate to size for (the peak over the metric window); the present one if None."""
+    """``rate``: the arrival rate to size for (the peak over the metric window); the present one if None.
+    ``shrink_rate``: the rate a smaller pool must still carry (the peak over the scale-down window);
+    ``rate`` if None."""
     n = obs.prefill.replicas
     band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
     if is_idle(obs):
@@ -172,6 +206,9 @@ def prefill_proposal(
         code = "TTFTBreachPrefillQueue" if (q is None or c is None or q >= c) else "TTFTBreachPrefillCompute"
         load = rate if rate is not None else _val(obs.request_rate)
         starting = obs.prefill.ready < n
+        if backlog_only(obs, n, policy.feedback.target_utilization):
+            msg = f"TTFT {ttft:.3f}s from a backlog queued before capacity arrived; {n} replicas fit the load"
+            return RoleProposal(n, (Reason("TTFTBreachBacklog", msg, "prefill"),), breached=True)
         target = grow(n, band.ratio(ttft), obs.prefill.ready)
         if load is not None and c is not None and c > 0:
             # enough replicas for the arriving work at the target utilisation (queueing explodes the
@@ -183,7 +220,7 @@ def prefill_proposal(
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
     if band.comfortable(ttft):
-        load = rate if rate is not None else _val(obs.request_rate)
+        load = next((x for x in (shrink_rate, rate) if x is not None), _val(obs.request_rate))
         safe = smallest_safe_prefill(obs, n, band, policy.feedback.target_utilization, bounds.prefill, load)
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "prefill"),))

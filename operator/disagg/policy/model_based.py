@@ -26,6 +26,7 @@ from statistics import NormalDist
 from typing import Protocol
 
 from disagg.api.ratiopolicy import RatioPolicySpec
+from disagg.policy.feedback import Band, prefill_side_ttft, smallest_safe_prefill
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
 
@@ -229,6 +230,7 @@ def model_based_proposal(
     now: float,
     bounds: Bounds,
     models: RoleModels,
+    shrink_window: float = 0.0,
 ) -> Proposal:
     rate, prompt, out = _v(obs.request_rate), _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
     mb = policy.model_based
@@ -258,7 +260,8 @@ def model_based_proposal(
         )
     recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
     # the trend ahead, or the peak of the metric window if higher (bursty arrivals are not Poisson)
-    plan = max([planned_rate(rate, now, state.load_history, mb.lookahead_seconds), *recent])
+    trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
+    plan = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
     context = prompt + out / 2.0
@@ -291,6 +294,15 @@ def model_based_proposal(
         n_d = math.ceil(concurrency / (batch * mb.target_utilization))
     ttft, itl = _v(obs.ttft), _v(obs.itl)
     tol = policy.tolerance
+    n_now = obs.prefill.replicas
+    if n_p < n_now and ttft is not None and prefill_side_ttft(obs) is not None:
+        # the model may not shrink below what the observed latencies prove safe (bursty arrivals queue
+        # more than the Poisson model expects; the proof judges against the scale-down window's peak);
+        # without the prefill pool's own latencies there is no proof to ask and the model decides
+        band = Band(ttft_t, tol)
+        shrink_at = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
+        safe = smallest_safe_prefill(obs, n_now, band, mb.target_utilization, bounds.prefill, shrink_at)
+        n_p = max(n_p, safe[0] if safe is not None else n_now)
     p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
     d_breach = itl is not None and itl > itl_t * (1 + tol)
     # the model never overrules a breach it did not foresee: at least one more replica
