@@ -133,9 +133,10 @@ def test_surplus_shrinks_only_after_the_scale_down_window() -> None:
 
 
 def test_shrink_refused_when_survivors_would_breach() -> None:
-    # TTFT comfortable but the prefill pool is 70% busy: one replica fewer would be 140% busy
+    # TTFT comfortable but the prefill pool is 70% busy (prompts longer than a step's token budget
+    # share no step): one replica fewer would be 140% busy
     d, _ = run(
-        obs(ttft=0.5, rate=7.0, prefill_time=0.2, queue=0.1),
+        obs(ttft=0.5, rate=7.0, prefill_time=0.2, queue=0.1, prompt=10000.0),
         spec(scaleDown={"stabilizationWindowSeconds": 0}),
     )
     assert d.prefill == 2
@@ -187,8 +188,8 @@ def test_no_flapping_under_constant_load() -> None:
 
 def test_scale_up_is_immediate_and_step_capped() -> None:
     policy = spec(scaleUp={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 2, "decode": 2}})
-    # 40 req/s x 0.3 s of prefill each at 80% utilisation needs 15 replicas
-    d, _ = run(obs(p=4, ttft=50.0, queue=49.0, rate=40.0, prefill_time=0.3), policy)
+    # 40 req/s x 0.3 s of prefill each (prompts too long to share a step) at 80% utilisation needs 15
+    d, _ = run(obs(p=4, ttft=50.0, queue=49.0, rate=40.0, prefill_time=0.3, prompt=10000.0), policy)
     assert d.prefill == 6  # capped at +2
     assert "StepCapped" in codes(d)
 
@@ -356,7 +357,7 @@ def test_breach_with_load_beyond_capacity_still_grows() -> None:
 
 def test_shrink_is_judged_against_the_scale_down_window_peak() -> None:
     policy = spec(scaleDown={"stabilizationWindowSeconds": 300, "maxStep": {"prefill": 1, "decode": 1}})
-    quiet = obs(t=1000.0, ttft=0.25, rate=1.0, queue=0.0, prefill_time=0.1)
+    quiet = obs(t=1000.0, ttft=0.25, rate=1.0, queue=0.0, prefill_time=0.1, prompt=10000.0)
     old = (Recommendation(0.0, 2, 4),)  # older than every window: no stabilisation hold
     calm, _ = run(quiet, policy, PolicyState(recommendations=old))
     assert calm.prefill == 1
@@ -379,3 +380,40 @@ def test_model_based_shrink_needs_the_observed_latencies_to_agree() -> None:
 
 def test_default_scale_down_window_is_the_hpa_default() -> None:
     assert RatioPolicySpec().scale_down.stabilization_window_seconds == 300
+
+
+def test_steady_short_prompts_shrink_on_shared_work_bursty_ones_do_not() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 300, "maxStep": {"prefill": 1, "decode": 1}})
+    old = (Recommendation(0.0, 2, 4),)
+    # 6 req/s of 1000-token prompts, 0.3 s per prefill unshared = 90% of one replica; but eight such
+    # prompts share a step of 8192 tokens, so one replica is ~11% busy with them
+    now = obs(t=1000.0, p=2, ttft=0.5, rate=6.0, queue=0.0, prefill_time=0.3, prompt=1000.0)
+    steady = PolicyState(recommendations=old, load_history=tuple((1000.0 - 30 * k, 6.0) for k in range(1, 9)))
+    d, _ = run(now, policy, steady)
+    assert d.prefill == 1
+    # same present, but the window held silence and a burst: the unshared time judges, and keeps both
+    bursty = PolicyState(
+        recommendations=old,
+        load_history=tuple((1000.0 - 30 * k, 12.0 if k == 4 else 0.0) for k in range(1, 9)),
+    )
+    d, _ = run(now, policy, bursty)
+    assert d.prefill == 2
+
+
+def test_flapping_pool_earns_a_longer_scale_down_window() -> None:
+    policy = spec(scaleDown={"stabilizationWindowSeconds": 120, "maxStep": {"prefill": 1, "decode": 1}})
+    quiet: dict[str, Any] = {"ttft": 0.25, "rate": 1.0, "queue": 0.0, "prefill_time": 0.1, "prompt": 10000.0}
+    busy: dict[str, Any] = {"ttft": 3.0, "rate": 1.0, "queue": 2.5, "prefill_time": 0.3, "prompt": 10000.0}
+    state = PolicyState(recommendations=(Recommendation(-1000.0, 3, 4),))
+    d, state = run(obs(t=0.0, p=3, **quiet), policy, state)
+    assert d.prefill == 2  # first shrink, no history of flapping
+    d, state = run(obs(t=30.0, p=2, **busy), policy, state)
+    assert d.prefill == 3  # grew back right after the shrink: a flap
+    assert state.flaps["prefill"] == (30.0,)
+    # quiet again: the 120 s window would allow a shrink at t=180, the doubled one (240 s) not before 270
+    for t in (60.0, 90.0, 120.0, 150.0, 180.0, 210.0, 240.0):
+        d, state = run(obs(t=t, p=3, **quiet), policy, state)
+        assert d.prefill == 3, t
+    assert "FlapDamping" in codes(d)
+    d, state = run(obs(t=270.0, p=3, **quiet), policy, state)
+    assert d.prefill == 2

@@ -21,10 +21,10 @@ In advisory mode the decision is marked ``advisory`` (reported, never applied).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicySpec
-from disagg.policy.feedback import decode_proposal, peak_rate, prefill_proposal
+from disagg.policy.feedback import decode_proposal, peak_rate, prefill_proposal, steady_arrivals
 from disagg.policy.model_based import load_models, model_based_proposal, resolve_profile
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import (
@@ -39,6 +39,30 @@ from disagg.policy.types import (
 )
 
 _BREACH_CODES = ("TTFTBreach", "ITLBreach", "KVPressure")
+
+
+@dataclass(frozen=True)
+class FlapDamping:
+    """A pool that had to grow back soon after a shrink was shrunk too early: each such reversal within
+    ``memory_windows`` scale-down windows doubles (``factor``) that pool's scale-down window, up to
+    ``max_window_s``. Steady traffic never flaps and keeps the configured window; bursty traffic, whose
+    quiet spells look like spare capacity, earns a longer memory of its bursts."""
+
+    factor: float = 2.0
+    memory_windows: float = 4.0
+    max_window_s: float = 3600.0  # the API's largest stabilisation window
+
+    def memory_s(self, base_window_s: float) -> float:
+        return self.memory_windows * base_window_s
+
+    def window(self, base_window_s: float, flaps: tuple[float, ...], now: float) -> float:
+        recent = sum(1 for t in flaps if now - t <= self.memory_s(base_window_s))
+        if recent == 0 or base_window_s <= 0:
+            return base_window_s
+        return min(base_window_s * self.factor**recent, max(self.max_window_s, base_window_s))
+
+
+DAMPING = FlapDamping()
 
 
 def propose(
@@ -75,8 +99,9 @@ def feedback_proposal(
     # a shrink must hold up against the busiest moment it will be remembered for: the peak over the
     # scale-down window (bursty traffic looks idle between bursts)
     shrink_rate = peak_rate(obs, history, history_window(policy))
+    steady = steady_arrivals(obs, history, history_window(policy))
     return Proposal(
-        prefill_proposal(obs, policy, bounds, rate, shrink_rate), decode_proposal(obs, policy, bounds)
+        prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady), decode_proposal(obs, policy, bounds)
     )
 
 
@@ -213,7 +238,12 @@ def learn_ceiling(
 
 
 def decide(
-    observation: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+    observation: Observation,
+    policy: RatioPolicySpec,
+    state: PolicyState,
+    now: float,
+    bounds: Bounds,
+    damping: FlapDamping = DAMPING,
 ) -> tuple[Decision, PolicyState]:
     """Target replicas for both pools with every reason, and the state to carry to the next call."""
     proposal = propose(observation, policy, state, now, bounds)
@@ -231,7 +261,9 @@ def decide(
         float(policy.scale_up.stabilization_window_seconds),
         float(policy.scale_down.stabilization_window_seconds),
     )
-    keep = max(windows)
+    flaps = {r: tuple(state.flaps.get(r, ())) for r in ROLES}
+    down_window = {r: damping.window(windows[1], flaps[r], now) for r in ROLES}
+    keep = max(windows[0], *down_window.values())
     # With no history (first evaluation, operator restart) the present allocation stands for the past
     # windows: a scale-down must wait out the window rather than act on one sample.
     past = state.recommendations or (Recommendation(now, current["prefill"], current["decode"]),)
@@ -243,7 +275,15 @@ def decide(
     targets: dict[Role, int] = {}
     for role in ROLES:
         cur, rb = current[role], bounds.role(role)
-        t = stabilized(recs, role, cur, now, windows[0], windows[1])
+        t = stabilized(recs, role, cur, now, windows[0], down_window[role])
+        if down_window[role] > windows[1] and t > raw[role] and t <= cur:
+            machine_reasons.append(
+                Reason(
+                    "FlapDamping",
+                    f"{role} grew back after recent shrinks: scale-down window {down_window[role]:.0f}s",
+                    role,
+                )
+            )
         if t != raw[role] and raw[role] != cur:
             machine_reasons.append(
                 Reason(
@@ -278,8 +318,12 @@ def decide(
     changed = any(targets[r] != current[r] for r in ROLES)
     reasons = _order(algo_reasons, machine_reasons, changed)
     last_up, last_down = dict(state.last_scale_up), dict(state.last_scale_down)
+    memory = damping.memory_s(windows[1])
     for role in ROLES:
         if targets[role] > current[role]:
+            shrunk = last_down.get(role)
+            if shrunk is not None and now - shrunk <= windows[1] + 2 * policy.evaluation_interval_seconds:
+                flaps[role] = (*flaps[role], now)
             last_up[role] = now
         elif targets[role] < current[role]:
             last_down[role] = now
@@ -295,6 +339,7 @@ def decide(
         correction=proposal.correction or dict(state.correction),
         limited_since=since,
         load_history=history,
+        flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
     )
     decision = Decision(
         time=now,

@@ -28,6 +28,10 @@ from disagg.policy.proposal import RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, Reason, RoleBounds
 
 MAX_UP_FACTOR = 2.0  # at most double a pool per evaluation from the latency ratio alone
+# arrivals whose peak over the scale-down window stays within this factor of their mean count as steady:
+# their busy fraction can be judged from the work per request; burstier arrivals (code completion:
+# minutes of silence, then tens of requests a second) keep the conservative unshared prefill time
+STEADY_PEAK_TO_MEAN = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,20 @@ def burst_drain_ttft(decode_side: float, compute: float, queued: float, n: int, 
     return decode_side + compute + max(queued, 0.0) * n / m
 
 
+def request_work(obs: Observation, token_budget: int) -> float | None:
+    """Busy seconds one request costs a prefill replica: its prefill time, shared with the requests
+    batched into the same steps. A step carries up to ``token_budget`` prompt tokens (vLLM
+    --max-num-batched-tokens), so about ``token_budget / prompt`` requests of the mean prompt share it;
+    a prompt longer than the budget has the steps to itself."""
+    c = _val(obs.prefill.compute_time)
+    if c is None:
+        return None
+    prompt = _val(obs.prompt_tokens_mean)
+    if prompt is None or prompt <= 0:
+        return c
+    return c * min(1.0, prompt / token_budget)
+
+
 def backlog_only(obs: Observation, n: int, utilization: float) -> bool:
     """A TTFT breach that more prefill replicas would not cure: every replica asked for is ready, the
     present arrival rate x prefill time fits ``n`` replicas at the target utilisation, and requests are
@@ -109,6 +127,7 @@ def smallest_safe_prefill(
     util_cap: float,
     rb: RoleBounds,
     rate: float | None,
+    work_s: float | None = None,
 ) -> tuple[int, str] | None:
     """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
 
@@ -119,7 +138,7 @@ def smallest_safe_prefill(
     side = prefill_side_ttft(obs)
     if rate is None or s is None or ttft is None or side is None or n <= 0:
         return None
-    rho = rate * s / n
+    rho = rate * (s if work_s is None else work_s) / n
     if rho >= 1.0:
         return None
     decode_side = max(ttft - side, 0.0)
@@ -167,6 +186,16 @@ def smallest_safe_decode(
     return best
 
 
+def steady_arrivals(obs: Observation, history: Sequence[tuple[float, float]], window_s: float) -> bool:
+    """Whether the arrival rate over ``window_s`` stayed within STEADY_PEAK_TO_MEAN of its mean."""
+    now_rate = _val(obs.request_rate)
+    if now_rate is None:
+        return False
+    rates = [now_rate, *(r for t, r in history if obs.time - t <= window_s)]
+    mean = sum(rates) / len(rates)
+    return mean > 0 and max(rates) <= STEADY_PEAK_TO_MEAN * mean
+
+
 def peak_rate(obs: Observation, history: Sequence[tuple[float, float]], window_s: float) -> float | None:
     """The highest arrival rate over the metric window (the present one included): shrinking is
     judged against the peak, so a quiet half-minute between bursts does not look like spare capacity."""
@@ -183,10 +212,12 @@ def prefill_proposal(
     bounds: Bounds,
     rate: float | None = None,
     shrink_rate: float | None = None,
+    steady: bool = False,
 ) -> RoleProposal:
     """``rate``: the arrival rate to size for (the peak over the metric window); the present one if None.
     ``shrink_rate``: the rate a smaller pool must still carry (the peak over the scale-down window);
-    ``rate`` if None."""
+    ``rate`` if None. ``steady``: the arrivals are steady (see :func:`steady_arrivals`), so a shrink
+    may count a request's work as shared with its batch."""
     n = obs.prefill.replicas
     band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
     if is_idle(obs):
@@ -210,18 +241,22 @@ def prefill_proposal(
             msg = f"TTFT {ttft:.3f}s from a backlog queued before capacity arrived; {n} replicas fit the load"
             return RoleProposal(n, (Reason("TTFTBreachBacklog", msg, "prefill"),), breached=True)
         target = grow(n, band.ratio(ttft), obs.prefill.ready)
-        if load is not None and c is not None and c > 0:
+        work = request_work(obs, policy.model_based.prefill_token_budget)
+        if starting:  # the window's peak was answered by the replicas still starting: size for now
+            load = _val(obs.request_rate)
+        if load is not None and work is not None and work > 0:
             # enough replicas for the arriving work at the target utilisation (queueing explodes the
-            # latency ratio long before it says how much capacity is missing)
-            # (capped at doubling: under load a request's prefill time includes the batch it shares, so
-            # arrival rate x prefill time overstates the work)
-            needed = min(math.ceil(load * c / policy.feedback.target_utilization), 2 * max(n, 1))
+            # latency ratio long before it says how much capacity is missing); at most doubling
+            needed = min(math.ceil(load * work / policy.feedback.target_utilization), 2 * max(n, 1))
             target = max(n if starting else n + 1, needed)
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
     if band.comfortable(ttft):
         load = next((x for x in (shrink_rate, rate) if x is not None), _val(obs.request_rate))
-        safe = smallest_safe_prefill(obs, n, band, policy.feedback.target_utilization, bounds.prefill, load)
+        work = request_work(obs, policy.model_based.prefill_token_budget) if steady else None
+        safe = smallest_safe_prefill(
+            obs, n, band, policy.feedback.target_utilization, bounds.prefill, load, work
+        )
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "prefill"),))
     return RoleProposal(n)

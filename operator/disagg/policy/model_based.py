@@ -26,7 +26,7 @@ from statistics import NormalDist
 from typing import Protocol
 
 from disagg.api.ratiopolicy import RatioPolicySpec
-from disagg.policy.feedback import Band, prefill_side_ttft, smallest_safe_prefill
+from disagg.policy.feedback import Band, prefill_side_ttft, smallest_safe_prefill, steady_arrivals
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
 
@@ -301,7 +301,9 @@ def model_based_proposal(
         # without the prefill pool's own latencies there is no proof to ask and the model decides
         band = Band(ttft_t, tol)
         shrink_at = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
-        safe = smallest_safe_prefill(obs, n_now, band, mb.target_utilization, bounds.prefill, shrink_at)
+        window = [(t, r) for t, r in state.load_history if now - t <= shrink_window]
+        work = service.mean_s if steady_arrivals(obs, window, shrink_window) else None
+        safe = smallest_safe_prefill(obs, n_now, band, mb.target_utilization, bounds.prefill, shrink_at, work)
         n_p = max(n_p, safe[0] if safe is not None else n_now)
     p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
     d_breach = itl is not None and itl > itl_t * (1 + tol)

@@ -143,6 +143,9 @@ class PolicyState:
     correction: dict[str, float] = field(default_factory=dict)  # model-based: observed/expected per role
     limited_since: dict[str, float] = field(default_factory=dict)  # role -> time the ceiling was learned
     load_history: tuple[tuple[float, float], ...] = ()  # (time, request rate) within the lookahead window
+    flaps: dict[str, tuple[float, ...]] = field(
+        default_factory=dict
+    )  # role -> times it grew back after a shrink
 
 
 @dataclass(frozen=True)
