@@ -76,6 +76,9 @@ class Setup:
     # every run stops this long after the last arrival (the twin's default is 4 h): a contender whose
     # engines stall is charged for its requests (unfinished = missed), not for hours of stalled GPUs
     drain_s: float = 1800.0
+    # the span every observation covers, as the live adapter queries Prometheus over the RatioPolicy's
+    # metricWindowSeconds (default 120 s); None: one evaluation interval
+    metric_window_s: float | None = 120.0
 
     def run(
         self, deployment: SimDeployment, reqs: Sequence[Request], controller: Controller | None = None
@@ -87,6 +90,7 @@ class Setup:
             controller=controller,
             interval_s=self.interval_s,
             max_time_s=last + self.drain_s,
+            window_s=self.metric_window_s,
         )
 
     def deployment(
@@ -390,12 +394,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", choices=[c.name for c in CASES], action="append")
     parser.add_argument("--quick", action="store_true", help="first 15 minutes of each trace only")
+    parser.add_argument(
+        "--metric-window",
+        type=float,
+        default=Setup.metric_window_s,
+        help="seconds each observation covers (0: one evaluation interval)",
+    )
     args = parser.parse_args(argv)
-    setup = Setup()
+    setup = Setup(metric_window_s=args.metric_window or None)
     print(
         f"deployment: {setup.model} {setup.dtype} TP{setup.tp} on {setup.gpu}, start "
         f"{setup.start_prefill}P:{setup.start_decode}D, startup {setup.startup_delay_s:.0f}s, "
-        f"evaluation every {setup.interval_s:.0f}s"
+        f"evaluation every {setup.interval_s:.0f}s, metrics over "
+        f"{setup.metric_window_s or setup.interval_s:.0f}s"
     )
     print(
         f"  {'policy':<22} {'SLO ok':>7} {'good/GPU-h':>11} {'GPU-h':>8} {'actions':>7} {'osc':>5} "

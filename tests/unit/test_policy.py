@@ -417,3 +417,15 @@ def test_flapping_pool_earns_a_longer_scale_down_window() -> None:
     assert "FlapDamping" in codes(d)
     d, state = run(obs(t=270.0, p=3, **quiet), policy, state)
     assert d.prefill == 2
+
+
+def test_shrink_is_anchored_on_the_observed_ttft() -> None:
+    # long prompts: TTFT p90 (5.9 s) sits far above the mean prefill time (2 s) with no queueing; the
+    # shrink adds only the waiting it causes, so 13 replicas at 4 req/s (62% busy) can lose a few
+    policy = spec(
+        slo={"ttft": {"targetSeconds": 10.0}, "itl": {"targetSeconds": 0.05}},
+        scaleDown={"stabilizationWindowSeconds": 0, "maxStep": {"prefill": 8, "decode": 8}},
+    )
+    d, _ = run(obs(p=13, ttft=5.9, queue=0.0, prefill_time=2.0, rate=4.0, prompt=15000.0), policy)
+    assert 10 <= d.prefill < 13  # never past the 80% utilisation cap (10 replicas)
+    assert d.cause == "SurplusCapacity"

@@ -85,14 +85,14 @@ def prefill_side_ttft(obs: Observation) -> float | None:
     return q + c
 
 
-def burst_drain_ttft(decode_side: float, compute: float, queued: float, n: int, m: int) -> float:
+def burst_drain_ttft(ttft: float, queued: float, n: int, m: int) -> float:
     """TTFT at ``m`` prefill replicas if the observed queueing comes from bursts: a burst's prompts are
     spread over the replicas and drain in parallel, so the wait in front of a request scales with n/m.
 
     A low mean arrival rate (what the M/M/1 view sees) says nothing about a burst of simultaneous
     requests (bursty code-completion traffic); their queue time does, and it grows as replicas go.
     """
-    return decode_side + compute + max(queued, 0.0) * n / m
+    return ttft + max(queued, 0.0) * (n / m - 1.0)
 
 
 def request_work(obs: Observation, token_budget: int) -> float | None:
@@ -131,19 +131,23 @@ def smallest_safe_prefill(
 ) -> tuple[int, str] | None:
     """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
 
-    Busy fraction rho = arrival rate x prefill time / n; the prefill share is modelled as S / (1 - rho)
-    (M/M/1 sojourn), scaled by how the present observation compares with that model.
+    Anchored on the TTFT observed now: a shrink adds only the extra waiting it causes. Busy fraction
+    rho = arrival rate x work per request / n (``work_s``, else the unshared prefill time); the extra
+    wait is the M/M/1 mean wait's growth S x (rho_m/(1-rho_m) - rho/(1-rho)), scaled up when the
+    observed queue time exceeds that model, and at least the burst-drain growth (the observed queue
+    time x n/m: a burst spreads over fewer replicas).
     """
-    s, ttft = _val(obs.prefill.compute_time), _val(obs.ttft)
-    side = prefill_side_ttft(obs)
-    if rate is None or s is None or ttft is None or side is None or n <= 0:
+    s, ttft, q = _val(obs.prefill.compute_time), _val(obs.ttft), _val(obs.prefill.queue_time)
+    if rate is None or s is None or ttft is None or q is None or n <= 0:
         return None
     rho = rate * (s if work_s is None else work_s) / n
     if rho >= 1.0:
         return None
-    decode_side = max(ttft - side, 0.0)
-    calibration = max(side / (s / (1.0 - rho)), 1.0) if s > 0 else 1.0
-    queued = side - s  # the queue-time share at the percentile
+
+    def waiting(x: float) -> float:
+        return s * x / (1.0 - x)
+
+    calibration = max(q / waiting(rho), 1.0) if rho > 0 and s > 0 else 1.0
     best: tuple[int, str] | None = None
     for m in range(n - 1, rb.min_replicas - 1, -1):
         if m <= 0:
@@ -151,8 +155,8 @@ def smallest_safe_prefill(
         rho_m = rho * n / m
         if rho_m >= util_cap:
             break
-        poisson = decode_side + calibration * s / (1.0 - rho_m)
-        predicted = max(poisson, burst_drain_ttft(decode_side, s, queued, n, m))
+        poisson = ttft + calibration * (waiting(rho_m) - waiting(rho))
+        predicted = max(poisson, burst_drain_ttft(ttft, q, n, m))
         if predicted > band.ceiling_after_shrink:
             break
         best = (m, f"predicted TTFT {predicted:.3f}s at busy fraction {rho_m:.2f} with {m} replicas")
