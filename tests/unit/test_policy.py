@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +21,13 @@ from disagg.policy import (
     RoleObservation,
     ServingProfile,
     decide,
+)
+from disagg.policy.model_based import (
+    PrefillService,
+    erlang_c,
+    pool_prefill_ttft_share,
+    prefill_replicas_needed,
+    prefill_ttft_share,
 )
 from disagg.policy.types import MISSING, Recommendation
 
@@ -429,3 +438,18 @@ def test_shrink_is_anchored_on_the_observed_ttft() -> None:
     d, _ = run(obs(p=13, ttft=5.9, queue=0.0, prefill_time=2.0, rate=4.0, prompt=15000.0), policy)
     assert 10 <= d.prefill < 13  # never past the 80% utilisation cap (10 replicas)
     assert d.cause == "SurplusCapacity"
+
+
+def test_erlang_c_matches_closed_forms() -> None:
+    assert erlang_c(1, 0.6) == pytest.approx(0.6)  # M/M/1: an arrival waits with probability rho
+    assert erlang_c(2, 1.0) == pytest.approx(1.0 / 3.0)
+    assert erlang_c(4, 4.0) == 1.0  # saturated
+    assert erlang_c(8, 0.0) == 0.0
+
+
+def test_load_balanced_pool_needs_fewer_prefill_replicas_than_split_queues() -> None:
+    # long, heavy-tailed prompts (Mooncake-like: mean share 1.67 s, cs^2 ~ 3.4) at 4 req/s
+    service = PrefillService(mean_s=1.67, second_moment=12.2, latency_tail_s=4.4, mean_latency_s=1.8)
+    assert pool_prefill_ttft_share(service, 4.0, 10, 90) < prefill_ttft_share(service, 0.4, 90)
+    n = prefill_replicas_needed(service, 4.0, 9.9, 90, 0.85, 16)
+    assert math.ceil(4.0 * 1.67 / 0.85) <= n < 16  # work-bound below, and no longer pinned at the maximum

@@ -26,7 +26,13 @@ from statistics import NormalDist
 from typing import Protocol
 
 from disagg.api.ratiopolicy import RatioPolicySpec
-from disagg.policy.feedback import Band, prefill_side_ttft, smallest_safe_prefill, steady_arrivals
+from disagg.policy.feedback import (
+    Band,
+    backlog_only,
+    prefill_side_ttft,
+    smallest_safe_prefill,
+    steady_arrivals,
+)
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
 
@@ -162,6 +168,41 @@ def prefill_ttft_share(service: PrefillService, rate_per_replica: float, percent
     return service.latency_tail_s + wait
 
 
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/n queue with ``offered`` = arrival rate / service
+    rate (Erlang C); 1 when the servers are saturated."""
+    if servers <= 0 or offered >= servers:
+        return 1.0
+    if offered <= 0:
+        return 0.0
+    term, total = 1.0, 1.0  # a^k / k!, summed over k < n
+    for k in range(1, servers):
+        term *= offered / k
+        total += term
+    last = term * offered / servers * servers / (servers - offered)  # a^n / n! * n / (n - a)
+    return last / (total + last)
+
+
+def pool_prefill_ttft_share(service: PrefillService, rate: float, replicas: int, percentile: float) -> float:
+    """Prefill share of TTFT at ``percentile`` for a pool whose router sends each request to the least
+    loaded replica (vLLM/llm-d/Dynamo routers balance by load), i.e. one M/G/n queue rather than n
+    separate M/G/1 queues: the Erlang C probability of waiting, an exponential tail at rate
+    n*mu - lambda, scaled by (1 + cs^2) / 2 for general service times (the Allen-Cunneen approximation;
+    Allen, "Probability, Statistics and Queueing Theory", 1990). inf when the pool is saturated."""
+    if rate <= 0:
+        return service.latency_tail_s
+    mu = 1.0 / service.mean_s
+    if rate >= replicas * mu:
+        return math.inf
+    wait_p = erlang_c(replicas, rate / mu)
+    miss = 1.0 - percentile / 100.0
+    if wait_p <= miss:
+        return service.latency_tail_s
+    cs2 = max(service.second_moment / (service.mean_s * service.mean_s) - 1.0, 0.0)
+    wait = (1.0 + cs2) / 2.0 * math.log(wait_p / miss) / (replicas * mu - rate)
+    return service.latency_tail_s + wait
+
+
 def prefill_replicas_needed(
     service: PrefillService, rate: float, budget_s: float, percentile: float, utilization: float, most: int
 ) -> int:
@@ -173,7 +214,7 @@ def prefill_replicas_needed(
         per = rate / n
         if per * service.mean_s > utilization:
             continue
-        if prefill_ttft_share(service, per, percentile) <= wait_budget:
+        if pool_prefill_ttft_share(service, rate, n, percentile) <= wait_budget:
             return n
     return most
 
@@ -309,7 +350,7 @@ def model_based_proposal(
     d_breach = itl is not None and itl > itl_t * (1 + tol)
     # the model never overrules a breach it did not foresee: at least one more replica
     # (once the replicas asked for earlier are ready)
-    if p_breach:
+    if p_breach and not backlog_only(obs, obs.prefill.replicas, mb.target_utilization):
         ready = obs.prefill.ready >= obs.prefill.replicas
         n_p = max(n_p, obs.prefill.replicas + (1 if ready else 0))
     if d_breach:
