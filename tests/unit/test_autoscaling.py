@@ -280,9 +280,10 @@ def test_bounds_come_from_the_deployment_spec() -> None:
 
 def test_per_pod_load_query_and_result() -> None:
     query = running_by_pod_query("vllm", "ns", "chat", "decode")
+    sel = '{namespace="ns",disagg_deployment="chat",disagg_role="decode"}'
+    # both spellings: prometheus_client escapes ':' to '_' when Prometheus negotiates OpenMetrics
     assert query == (
-        "sum by (pod) (vllm:num_requests_running"
-        '{namespace="ns",disagg_deployment="chat",disagg_role="decode"})'
+        f"(sum by (pod) (vllm:num_requests_running{sel})) or (sum by (pod) (vllm_num_requests_running{sel}))"
     )
     assert "sglang:num_running_reqs" in running_by_pod_query("sglang", "ns", "chat", "decode")
     result = [

@@ -43,7 +43,7 @@ from disagg.controller.metrics import ControllerMetrics
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, MERGE_PATCH, POD, Kind, KubeApi, load_api_client
 from disagg.k8s.events import post_event
 from disagg.metrics.prometheus import PrometheusSignals
-from disagg.metrics.queries import ENGINE_METRICS, TARGET_LABELS, Engine, selector
+from disagg.metrics.queries import ENGINE_METRICS, TARGET_LABELS, Engine, gauge_sum_by, selector
 from disagg.policy import decide
 from disagg.policy.types import (
     ROLES,
@@ -464,7 +464,7 @@ def running_by_pod_query(engine: str, namespace: str, deployment: str, role: Rol
     """PromQL: requests running per pod of one pool (the load that orders decode pods for removal)."""
     metrics = ENGINE_METRICS[Engine(engine)]
     sel = selector(namespace, deployment, role, TARGET_LABELS)
-    return " or ".join(f"sum by ({TARGET_LABELS.pod}) ({name}{sel})" for name in metrics.running)
+    return gauge_sum_by(metrics.running, TARGET_LABELS.pod, sel)
 
 
 def loads_from_result(result: object) -> dict[str, float | None]:

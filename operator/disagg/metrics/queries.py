@@ -182,6 +182,11 @@ def gauge_sum(names: Sequence[str], sel: str) -> str:
     return _alternatives([f"sum({n}{sel})" for n in spellings(names)])
 
 
+def gauge_sum_by(names: Sequence[str], by: str, sel: str) -> str:
+    """A gauge summed per value of one label (e.g. running requests per pod)."""
+    return _alternatives([f"sum by ({by}) ({n}{sel})" for n in spellings(names)])
+
+
 def gauge_avg(names: Sequence[str], sel: str) -> str:
     return _alternatives([f"avg({n}{sel})" for n in spellings(names)])
 
