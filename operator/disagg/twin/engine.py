@@ -22,6 +22,22 @@ Roles: ``colocated`` (chunked prefill mixed with decodes), ``prefill`` (a P/D pr
 leaves once its prompt is computed; its KV is freed when handed to the transfer), ``decode`` (a P/D decode
 replica: requests arrive with their prompt's KV and decode; a preempted one is recomputed locally).
 
+Automatic prefix caching follows vLLM V1's KV cache manager: a waiting request looks its leading prompt
+blocks up in the cache only when it is *scheduled* (``Scheduler.schedule`` calls
+``kv_cache_manager.get_computed_blocks`` for a WAITING request whose ``num_computed_tokens == 0``, then
+``allocate_slots`` with those blocks; source: vllm/v1/core/sched/scheduler.py), never while it queues; at
+most ``prompt - 1`` tokens can hit, in whole blocks (``max_cache_hit_length = request.num_tokens - 1``;
+source: vllm/v1/core/kv_cache_manager.py, ``get_computed_blocks``). A hit block is referenced (reference
+count, source: vllm/v1/core/block_pool.py, ``BlockPool.touch``): a block shared by several running
+requests occupies KV once. A block nobody references stays cached in the free pool and is evicted least
+recently freed first when new KV is allocated (``free_blocks`` appends to the free queue's tail,
+``get_new_blocks`` pops its head and evicts the cached block there; a request's blocks are freed in reverse
+order so its leading, most shared blocks go last; source: vllm/v1/core/block_pool.py and
+single_type_kv_cache_manager.py, ``free``). ``kv_used`` is what running (and held) requests reference,
+as vLLM's ``kv_cache_usage`` counts only blocks outside the free pool. A replica never stalls: if nothing
+runs or is held and the head of the queue still cannot be scheduled, that request is rejected (reported
+in ``StepEvents.rejected`` with ``SimRequest.error`` set) instead of blocking the queue forever.
+
 A step in which nothing but decodes run, with nothing admissible waiting, is planned as a *jump* of k
 identical-shape steps ending at the next completion (or the KV limit); its duration has a closed form
 (the latency model's decode time is affine in the context), so a long decode phase costs one event.
@@ -56,7 +72,7 @@ class EngineSettings:
     max_jump_steps: int = 1_000_000
     # Automatic prefix caching (on by default in vLLM V1): prompts whose leading blocks' hashes were computed
     # on this replica before skip those tokens. Blocks are the trace's hash granularity (Mooncake: 512
-    # tokens per hash id); the cache is LRU over at most the KV capacity's worth of blocks.
+    # tokens per hash id); unreferenced cached blocks live in the free KV and are evicted LRU.
     prefix_caching: bool = False
     prefix_block_tokens: int = 512
     # Prefill role: keep a finished prompt's KV until the caller reports the transfer done (release_kv), as
@@ -77,10 +93,12 @@ class SimRequest:
 
     __slots__ = (
         "arrival",
+        "blocks",
         "cached",
         "computed",
         "engine_arrival",
         "epoch",
+        "error",
         "finish_time",
         "first_scheduled",
         "first_token_time",
@@ -101,7 +119,9 @@ class SimRequest:
     ) -> None:
         self.rid = rid
         self.hashes = hashes  # prefix block hashes (e.g. Mooncake hash_ids), for prefix caching
-        self.cached = 0  # prompt tokens served from the prefix cache at the last admission
+        self.cached = 0  # prompt tokens served from the prefix cache when it was last scheduled
+        self.blocks: tuple[int, ...] = ()  # cached prefix blocks it references on its current engine
+        self.error: str | None = None  # why an engine rejected it (it never finishes)
         self.arrival = arrival
         self.prompt = max(1, prompt)
         self.output = max(1, output)
@@ -155,6 +175,7 @@ class StepEvents:
     prefilled: list[SimRequest] = field(default_factory=list)  # prefill role: prompt computed, ready to move
     finished: list[SimRequest] = field(default_factory=list)
     preempted: list[SimRequest] = field(default_factory=list)
+    rejected: list[SimRequest] = field(default_factory=list)  # could never be scheduled here; error set
     decode_tokens: int = 0  # tokens emitted by requests that were already decoding (ITL gaps)
     mean_gap: float = 0.0  # mean step time of those tokens
     prefill_tokens: int = 0
@@ -181,9 +202,16 @@ class EngineCore:
         self.prompt_tokens_done = 0
         self.tokens_generated = 0
         self.current: Step | None = None
-        self._prefix: OrderedDict[int, None] | None = OrderedDict() if self.settings.prefix_caching else None
-        self._prefix_capacity = self.kv_capacity // max(1, self.settings.prefix_block_tokens)
+        # prefix cache: referenced blocks (hash -> reference count, counted in kv_used once) and unreferenced
+        # cached blocks in the free KV, least recently freed first (evicted first)
+        self._caching = self.settings.prefix_caching
+        self._block = max(1, self.settings.prefix_block_tokens)
+        self._refs: dict[int, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._held: dict[int, tuple[int, tuple[int, ...]]] = {}  # rid -> (tokens, blocks) kept for transfer
+        self._rejected: list[SimRequest] = []
         self.prefix_hit_tokens = 0
+        self.rejected = 0
 
     # --- queries -------------------------------------------------------------------------------------
     @property
@@ -219,10 +247,7 @@ class EngineCore:
         ready = self.settings.role == "decode" if kv_ready is None else kv_ready
         req.computed = req.prompt if ready else 0
         req.cached = 0
-        if not ready and self._prefix is not None and req.hashes and req.generated == 0:
-            req.cached = req.computed = self._prefix_hits(req)
-            self.kv_used += req.cached
-            self.prefix_hit_tokens += req.cached
+        req.blocks = ()
         self.waiting.append(req)
         self.outstanding_tokens += self._remaining_work(req)
 
@@ -259,9 +284,19 @@ class EngineCore:
                 batch += 1
                 budget -= 1
                 continue
-            if free <= 0:
+            hits: tuple[int, ...] = ()
+            cost = 0  # KV the hit blocks take out of the free pool (those nobody references yet)
+            if self._caching and req.hashes and req.computed == 0:
+                self._evict_cached(free)
+                hits = self._cached_prefix(req)
+                cost = self._block * sum(1 for h in hits if h not in self._refs)
+            if free - cost <= 0:
                 break
             self.waiting.popleft()
+            if hits:
+                self._reference(req, hits)
+                free -= cost
+                need = req.prompt + req.generated - req.computed
             if math.isnan(req.first_scheduled):
                 req.first_scheduled = now
             req.prefill_start = now
@@ -272,8 +307,25 @@ class EngineCore:
             free -= n
         batch = len(self.decoding)
         if not chunks and batch == 0:
-            if self.prefilling and self._preempt_newest_prefill():
-                return self.plan_step(now)  # KV was full of partial prompts: recompute the newest later
+            # Nothing can run. Never stall: make room, admit, or reject what can never fit; wait only for
+            # KV held for transfers, which release_kv frees.
+            if len(self.prefilling) > 1:
+                self._preempt_newest_prefill()  # KV is full of partial prompts: recompute the newest later
+                return self.plan_step(now)
+            if preempted and self.waiting:
+                return self.plan_step(now)  # every running request was preempted: admit from the queue
+            if not self._held and (self.prefilling or self.waiting):
+                # The one request in KV (or the head of the queue, with every cached block evictable)
+                # does not fit the whole replica: reject it rather than block everything behind it forever.
+                if self.prefilling:
+                    self._reject(self.prefilling.pop(), holds_kv=True)
+                else:
+                    self._reject(self.waiting.popleft(), holds_kv=False)
+                return self.plan_step(now)
+            if self._rejected:
+                step = Step(now, 0.0)  # report the rejections through complete_step
+                self.current = step
+                return step
             self.current = None
             return None
         ctx = self.decode_context
@@ -351,40 +403,103 @@ class EngineCore:
             if req.computed >= req.prompt + req.generated:
                 self._prefill_finished(req, step.end, ev)
         self._pop_finished(step.end, ev)
+        if self._rejected:
+            ev.rejected, self._rejected = self._rejected, []
+        if self._lru:
+            self._evict_cached(self.kv_capacity - self.kv_used)
         return ev
 
     # --- internals -----------------------------------------------------------------------------------
-    def _prefix_hits(self, req: SimRequest) -> int:
-        """Prompt tokens whose leading blocks are cached here (at least one token is always computed)."""
-        cache = self._prefix
-        assert cache is not None
-        hits = 0
-        for h in req.hashes:
-            if h not in cache:
-                break
-            cache.move_to_end(h)
-            hits += 1
-        return min(hits * self.settings.prefix_block_tokens, req.prompt - 1)
+    def _cached_prefix(self, req: SimRequest) -> tuple[int, ...]:
+        """The leading prompt blocks cached here, whole blocks within ``prompt + generated - 1`` tokens."""
+        limit = min(len(req.hashes), (req.prompt + req.generated - 1) // self._block)
+        n = 0
+        refs, lru = self._refs, self._lru
+        while n < limit and (req.hashes[n] in refs or req.hashes[n] in lru):
+            n += 1
+        return req.hashes[:n]
 
-    def _remember_prefix(self, req: SimRequest) -> None:
-        cache = self._prefix
-        if cache is None or not req.hashes:
+    def _reference(self, req: SimRequest, hits: tuple[int, ...]) -> None:
+        """Schedule ``req`` on its cached prefix: reference the blocks (taking unreferenced ones out of the
+        free pool) and skip their tokens."""
+        refs, lru = self._refs, self._lru
+        for h in hits:
+            count = refs.get(h, 0)
+            if count == 0:
+                del lru[h]
+                self.kv_used += self._block
+            refs[h] = count + 1
+        tokens = len(hits) * self._block
+        req.blocks = hits
+        req.cached = req.computed = tokens
+        self.outstanding_tokens -= tokens
+        self.prefix_hit_tokens += tokens
+
+    def _register_prefix(self, req: SimRequest) -> None:
+        """A computed prompt's full blocks become cached blocks that ``req`` references. A block whose hash
+        is already cached (computed twice concurrently) stays the request's own and is freed with it."""
+        if not self._caching or not req.hashes:
             return
-        for h in req.hashes[: req.prompt // self.settings.prefix_block_tokens]:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > self._prefix_capacity:
-            cache.popitem(last=False)
+        refs, lru = self._refs, self._lru
+        new: list[int] = []
+        for h in req.hashes[len(req.blocks) : req.prompt // self._block]:
+            if h not in refs and h not in lru:
+                refs[h] = 1
+                new.append(h)
+        if new:
+            req.blocks = (*req.blocks, *new)
+
+    def _free_kv(self, req: SimRequest, tokens: int) -> None:
+        """Free the KV of ``req`` (``tokens`` in all, its referenced blocks among them): its own tokens go,
+        its blocks lose a reference and, unreferenced, join the free pool's tail (last block first)."""
+        self._release_blocks(tokens, req.blocks)
+        req.blocks = ()
+        req.computed = 0
+
+    def _release_blocks(self, tokens: int, blocks: tuple[int, ...]) -> None:
+        self.kv_used -= tokens - len(blocks) * self._block
+        refs, lru = self._refs, self._lru
+        for h in reversed(blocks):
+            count = refs[h] - 1
+            if count:
+                refs[h] = count
+                continue
+            del refs[h]
+            lru[h] = None
+            self.kv_used -= self._block
+
+    def _evict_cached(self, free: int) -> None:
+        """Evict least recently freed cached blocks until the rest fit in ``free`` tokens of KV."""
+        lru = self._lru
+        excess = len(lru) - max(0, free) // self._block
+        for _ in range(max(0, excess)):
+            lru.popitem(last=False)
+
+    def _reject(self, req: SimRequest, holds_kv: bool) -> None:
+        """End a request that can never be scheduled here (``error`` says why), freeing the KV it holds (a
+        queued request holds none)."""
+        self.outstanding_tokens -= self._remaining_work(req)
+        self._free_kv(req, req.computed if holds_kv else 0)
+        req.error = (
+            f"request {req.rid}: prompt+output {req.prompt + req.output} tokens cannot be scheduled with "
+            f"{self.kv_capacity - self.kv_used} of the replica's {self.kv_capacity} KV tokens free and "
+            "nothing running"
+        )
+        self.rejected += 1
+        self._rejected.append(req)
 
     def _prefill_finished(self, req: SimRequest, now: float, ev: StepEvents) -> None:
         self.prefilling.remove(req)
-        self._remember_prefix(req)
+        self._register_prefix(req)
         if math.isnan(req.prefill_done_time):
             req.prefill_done_time = now
         if self.settings.role == "prefill":
-            if not self.settings.hold_kv_until_released:
-                self.kv_used -= req.computed
-            req.computed = 0
+            if self.settings.hold_kv_until_released:
+                self._held[req.rid] = (req.computed, req.blocks)
+                req.blocks = ()
+                req.computed = 0
+            else:
+                self._free_kv(req, req.computed)
             ev.prefilled.append(req)
             return
         # vLLM samples a token in the step that completes a prompt (also after a recompute).
@@ -424,19 +539,16 @@ class EngineCore:
             del self.decoding[rid]
             req.generated = req.output
             self.decode_context -= held
-            self.kv_used -= held
-            req.computed = 0
+            self._free_kv(req, held)
             self._finish(req, now, ev)
 
     def _finish(self, req: SimRequest, now: float, ev: StepEvents) -> None:
         if req.rid in self.decoding:
             del self.decoding[req.rid]
             self.decode_context -= req.computed
-            self.kv_used -= req.computed
-            req.computed = 0
+            self._free_kv(req, req.computed)
         elif req.computed:
-            self.kv_used -= req.computed
-            req.computed = 0
+            self._free_kv(req, req.computed)
         req.finish_time = now
         ev.finished.append(req)
 
@@ -449,9 +561,8 @@ class EngineCore:
             preempted = True
             if self.prefilling:
                 victim = self.prefilling.pop()
-                self.kv_used -= victim.computed
                 self.outstanding_tokens += victim.computed
-                victim.computed = 0
+                self._free_kv(victim, victim.computed)
                 victim.preemptions += 1
                 self.waiting.appendleft(victim)
                 continue
@@ -461,34 +572,30 @@ class EngineCore:
             req.generated = req.gen_at_join + (self.steps - req.join_step)
             del self.decoding[rid]
             self.decode_context -= held
-            self.kv_used -= held
+            self._free_kv(req, held)
             self.outstanding_tokens += req.prompt + req.generated
             if req in self._awaiting_first:
                 self._awaiting_first.remove(req)
-            req.computed = 0
             req.epoch += 1
             req.preemptions += 1
             self.waiting.appendleft(req)
         return preempted
 
-    def release_kv(self, tokens: int) -> None:
-        """A held prompt's KV left the replica (hold_kv_until_released)."""
-        self.kv_used -= tokens
+    def release_kv(self, req: SimRequest) -> None:
+        """The held KV of ``req``'s prompt left the replica (hold_kv_until_released)."""
+        tokens, blocks = self._held.pop(req.rid)
+        self._release_blocks(tokens, blocks)
 
     def _held_kv(self, req: SimRequest) -> int:
         """KV tokens a decoding request holds: what it joined with plus one per decode step since."""
         return req.computed + (self.steps - req.join_step)
 
-    def _preempt_newest_prefill(self) -> bool:
-        if len(self.prefilling) < 2 and self.kv_used < self.kv_capacity:
-            return False
+    def _preempt_newest_prefill(self) -> None:
         req = self.prefilling.pop()
-        self.kv_used -= req.computed
         self.outstanding_tokens += req.computed
-        req.computed = 0
+        self._free_kv(req, req.computed)
         req.preemptions += 1
         self.waiting.appendleft(req)
-        return True
 
     def drain_all(self) -> list[SimRequest]:
         """Remove every request (replica deleted before finishing); returns them, state materialised."""
@@ -506,6 +613,10 @@ class EngineCore:
         self.kv_used = self.decode_context = self.outstanding_tokens = 0
         for req in out:
             req.computed = 0
+            req.blocks = ()
+        self._refs.clear()
+        self._lru.clear()
+        self._held.clear()
         return out
 
 

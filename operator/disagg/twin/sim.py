@@ -617,7 +617,8 @@ class Simulator:
         if role == "colocated":
             for req in ev.first_tokens:
                 w.prefill_time.append(req.prefill_done_time - req.prefill_start)
-        self.done += len(ev.finished)
+        self.done += len(ev.finished) + len(ev.rejected)
+        self.rejected += len(ev.rejected)
         if self.closed_loop is not None:
             for _ in ev.finished:
                 self._issue_closed_loop()
@@ -626,7 +627,7 @@ class Simulator:
 
     def _on_transfer(self, req: SimRequest, source: Replica) -> None:
         """The KV reached the decode side: the prefill replica frees it and the decode pool takes over."""
-        source.core.release_kv(req.prompt)
+        source.core.release_kv(req)
         if source.state in ("ready", "draining"):
             self._kick(source)
         self._route(self.pools["decode"], req)
