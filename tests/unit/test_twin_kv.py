@@ -137,3 +137,37 @@ def test_no_stall_on_a_deep_prefill_queue_with_shared_prefixes() -> None:
     assert all(c.kv_used == 0 and c.idle for c in cores)
     prefill = sim.pools["prefill"].replicas[0].core
     assert prefill.prefix_hit_tokens >= (len(reqs) - 4) * 12 * BLOCK * 0.9
+
+
+def test_a_prefill_replica_waits_for_held_kv_instead_of_rejecting() -> None:
+    """KV held for transfers is not evictable but will be freed: the next prompt waits for release_kv,
+    and the released prompt's blocks stay cached (as far as they fit) for a request with the same prefix."""
+    core = EngineCore(
+        LAT_8B,
+        EngineSettings(
+            role="prefill", kv_capacity_tokens=4000, prefix_caching=True, hold_kv_until_released=True
+        ),
+    )
+    first = SimRequest(0, 0.0, 2600, 5, (1, 2, 3, 4, 5))
+    core.admit(first, 0.0)
+    now, events = drain(core)
+    assert [r.rid for ev in events for r in ev.prefilled] == [0] and core.kv_used == 2600
+    second = SimRequest(1, now, 2000, 5, (1, 2, 3, 9))
+    third = SimRequest(2, now, 3000, 5)  # no shared prefix: cannot fit until the held KV is released
+    core.admit(third, now)
+    now, _ = drain(
+        core, now
+    )  # a chunk fits beside the held prompt; then it waits, neither stalled nor rejected
+    assert core.rejected == 0 and core.num_running == 1 and core.kv_used == core.kv_capacity
+    core.release_kv(first)
+    assert core.kv_used == third.computed
+    core.admit(second, now)
+    now, events = drain(core, now)
+    # the rest of the third prompt was allocated first (running before waiting) and left room for one
+    # cached block: the leading one, as the released prompt's tail blocks were evicted first
+    assert [r.rid for ev in events for r in ev.prefilled] == [2] and second.cached == BLOCK
+    core.release_kv(third)  # the second prompt, part computed, waits for this
+    now, events = drain(core, now)
+    assert [r.rid for ev in events for r in ev.prefilled] == [1]
+    core.release_kv(second)
+    assert core.kv_used == 0 and core.idle and core.rejected == 0

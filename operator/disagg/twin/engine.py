@@ -582,9 +582,11 @@ class EngineCore:
         return preempted
 
     def release_kv(self, req: SimRequest) -> None:
-        """The held KV of ``req``'s prompt left the replica (hold_kv_until_released)."""
-        tokens, blocks = self._held.pop(req.rid)
-        self._release_blocks(tokens, blocks)
+        """The held KV of ``req``'s prompt left the replica (hold_kv_until_released); nothing if the replica
+        no longer holds it (drained)."""
+        held = self._held.pop(req.rid, None)
+        if held is not None:
+            self._release_blocks(*held)
 
     def _held_kv(self, req: SimRequest) -> int:
         """KV tokens a decoding request holds: what it joined with plus one per decode step since."""
