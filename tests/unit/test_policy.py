@@ -22,6 +22,7 @@ from disagg.policy import (
     ServingProfile,
     decide,
 )
+from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, shrink_ceiling
 from disagg.policy.model_based import (
     PrefillService,
     erlang_c,
@@ -453,3 +454,26 @@ def test_load_balanced_pool_needs_fewer_prefill_replicas_than_split_queues() -> 
     assert pool_prefill_ttft_share(service, 4.0, 10, 90) < prefill_ttft_share(service, 0.4, 90)
     n = prefill_replicas_needed(service, 4.0, 9.9, 90, 0.85, 16)
     assert math.ceil(4.0 * 1.67 / 0.85) <= n < 16  # work-bound below, and no longer pinned at the maximum
+
+
+def test_bursty_arrivals_shrink_prefill_only_with_headroom_below_the_target() -> None:
+    policy = spec(**FREE)  # TTFT target 1 s, tolerance band edge 0.9 s
+    now = obs(t=1000.0, p=4, ttft=0.4, rate=2.0, queue=0.05, prefill_time=0.1, prompt=1000.0)
+    steady = PolicyState(load_history=tuple((1000.0 - 30 * k, 2.0) for k in range(1, 9)))
+    d, _ = run(now, policy, steady)
+    assert d.prefill == 1  # predicted ~0.55 s on one replica: inside the band
+    # same present, but a 6 req/s burst earlier in the window: one replica is predicted at ~0.78 s,
+    # inside the band's 0.9 s yet above half the target, so only two survive (predicted ~0.47 s)
+    bursty = PolicyState(
+        load_history=tuple((1000.0 - 30 * k, 6.0 if k == 4 else 0.5) for k in range(1, 9)),
+    )
+    d, _ = run(now, policy, bursty)
+    assert d.prefill == 2
+    assert d.cause == "SurplusCapacity"
+
+
+def test_shrink_ceiling_is_tighter_for_bursty_arrivals() -> None:
+    band = Band(2.0, 0.1)
+    assert shrink_ceiling(band, steady=True) == pytest.approx(1.8)
+    assert shrink_ceiling(band, steady=False) == pytest.approx(2.0 * BURSTY_SHRINK_HEADROOM)
+    assert shrink_ceiling(band, steady=False) <= shrink_ceiling(band, steady=True)

@@ -14,7 +14,8 @@ then shape it. Scale-down proves its safety
 with a small queueing model calibrated on the present: a pool of ``n`` replicas whose estimated busy
 fraction is ``rho`` shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and the
 predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target, judged at the peak arrival
-rate of the metric window.
+rate of the metric window; when the arrivals are bursty (peak far above the mean) the prediction, built
+from window averages, must stay under half the target instead (:func:`shrink_ceiling`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ MAX_UP_FACTOR = 2.0  # at most double a pool per evaluation from the latency rat
 # their busy fraction can be judged from the work per request; burstier arrivals (code completion:
 # minutes of silence, then tens of requests a second) keep the conservative unshared prefill time
 STEADY_PEAK_TO_MEAN = 2.0
+# bursty arrivals shrink the prefill pool only to a size predicted at half the TTFT target: chosen on the
+# Azure code trace (0.45-0.55 give the same decisions there; 0.6 and above shrink into the next burst),
+# and it leaves the steady conversation and Mooncake traces unchanged (bench/policy_goodput.py)
+BURSTY_SHRINK_HEADROOM = 0.5
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ def smallest_safe_prefill(
     rb: RoleBounds,
     rate: float | None,
     work_s: float | None = None,
+    ceiling: float | None = None,
 ) -> tuple[int, str] | None:
     """Fewest prefill replicas whose predicted TTFT still meets the shrunk target, or None if unprovable.
 
@@ -157,7 +163,7 @@ def smallest_safe_prefill(
             break
         poisson = ttft + calibration * (waiting(rho_m) - waiting(rho))
         predicted = max(poisson, burst_drain_ttft(ttft, q, n, m))
-        if predicted > band.ceiling_after_shrink:
+        if predicted > (band.ceiling_after_shrink if ceiling is None else ceiling):
             break
         best = (m, f"predicted TTFT {predicted:.3f}s at busy fraction {rho_m:.2f} with {m} replicas")
     return best
@@ -188,6 +194,16 @@ def smallest_safe_decode(
             break
         best = (m, f"predicted ITL <= {predicted * 1000:.1f}ms with {m} replicas")
     return best
+
+
+def shrink_ceiling(band: Band, steady: bool) -> float:
+    """The highest predicted TTFT a smaller prefill pool may have. Steady arrivals: the tolerance band's
+    lower edge. Bursty ones: at most BURSTY_SHRINK_HEADROOM of the target, since the prediction comes
+    from averages over the metric window and a burst shorter than the window lands on the survivors
+    at a rate that average hides."""
+    if steady:
+        return band.ceiling_after_shrink
+    return min(band.ceiling_after_shrink, band.target * BURSTY_SHRINK_HEADROOM)
 
 
 def steady_arrivals(obs: Observation, history: Sequence[tuple[float, float]], window_s: float) -> bool:
@@ -259,7 +275,14 @@ def prefill_proposal(
         load = next((x for x in (shrink_rate, rate) if x is not None), _val(obs.request_rate))
         work = request_work(obs, policy.model_based.prefill_token_budget) if steady else None
         safe = smallest_safe_prefill(
-            obs, n, band, policy.feedback.target_utilization, bounds.prefill, load, work
+            obs,
+            n,
+            band,
+            policy.feedback.target_utilization,
+            bounds.prefill,
+            load,
+            work,
+            shrink_ceiling(band, steady),
         )
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "prefill"),))

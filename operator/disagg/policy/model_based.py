@@ -30,6 +30,7 @@ from disagg.policy.feedback import (
     Band,
     backlog_only,
     prefill_side_ttft,
+    shrink_ceiling,
     smallest_safe_prefill,
     steady_arrivals,
 )
@@ -343,8 +344,18 @@ def model_based_proposal(
         band = Band(ttft_t, tol)
         shrink_at = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
         window = [(t, r) for t, r in state.load_history if now - t <= shrink_window]
-        work = service.mean_s if steady_arrivals(obs, window, shrink_window) else None
-        safe = smallest_safe_prefill(obs, n_now, band, mb.target_utilization, bounds.prefill, shrink_at, work)
+        steady = steady_arrivals(obs, window, shrink_window)
+        work = service.mean_s if steady else None
+        safe = smallest_safe_prefill(
+            obs,
+            n_now,
+            band,
+            mb.target_utilization,
+            bounds.prefill,
+            shrink_at,
+            work,
+            shrink_ceiling(band, steady),
+        )
         n_p = max(n_p, safe[0] if safe is not None else n_now)
     p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
     d_breach = itl is not None and itl > itl_t * (1 + tol)
