@@ -477,3 +477,14 @@ def test_shrink_ceiling_is_tighter_for_bursty_arrivals() -> None:
     assert shrink_ceiling(band, steady=True) == pytest.approx(1.8)
     assert shrink_ceiling(band, steady=False) == pytest.approx(2.0 * BURSTY_SHRINK_HEADROOM)
     assert shrink_ceiling(band, steady=False) <= shrink_ceiling(band, steady=True)
+
+
+def test_measured_prefill_work_sizes_a_breach_beyond_doubling_within_the_step_cap() -> None:
+    # 10 req/s of 10k-token prompts (longer than a step's token budget: unshared), 1 s each, on 2
+    # replicas: the work needs ceil(10 x 1 / 0.8) = 13 replicas, more than doubling the pool
+    breach: dict[str, Any] = {"p": 2, "ttft": 5.0, "rate": 10.0, "queue": 4.0, "prefill_time": 1.0}
+    d, _ = run(obs(prompt=10000.0, **breach), spec(**FREE))
+    assert d.prefill == 13
+    assert d.cause == "TTFTBreachPrefillQueue"
+    capped, _ = run(obs(prompt=10000.0, **breach), spec(scaleUp={"maxStep": {"prefill": 4, "decode": 4}}))
+    assert capped.prefill == 6  # the per-step cap still binds
