@@ -488,3 +488,12 @@ def test_measured_prefill_work_sizes_a_breach_beyond_doubling_within_the_step_ca
     assert d.cause == "TTFTBreachPrefillQueue"
     capped, _ = run(obs(prompt=10000.0, **breach), spec(scaleUp={"maxStep": {"prefill": 4, "decode": 4}}))
     assert capped.prefill == 6  # the per-step cap still binds
+
+
+def test_prefill_side_ttft_breach_does_not_hold_a_surplus_decode_pool() -> None:
+    quiet_decode: dict[str, Any] = {"itl": 0.02, "kv": 0.2, "ttft": 2.5}
+    d, _ = run(obs(queue=2.0, prefill_time=0.3, **quiet_decode), spec(**FREE))
+    assert d.prefill > 2 and d.decode < 4  # prefill grows, decode proves its surplus by ITL and KV
+    # the breach cannot be attributed (no prefill-side latencies): decode holds
+    d, _ = run(obs(queue=2.0, prefill_time=None, **quiet_decode), spec(**FREE))
+    assert d.decode == 4

@@ -337,7 +337,10 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
         return RoleProposal(
             None, (Reason("MetricsMissing", f"ITL is {obs.itl.state.value}; holding", "decode"),)
         )
-    if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft)):
+    # a TTFT breach the prefill side holds (its queue + prefill time is the larger share) says nothing
+    # about decode: decode may still shrink on its own ITL and KV proof; an unattributed one holds it
+    prefill_breach = ttft is not None and side is not None and ttft - side <= side
+    if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft) or prefill_breach):
         safe = smallest_safe_decode(obs, n, band, policy.feedback.target_utilization, bounds.decode)
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "decode"),))
