@@ -77,6 +77,7 @@ class DemoSettings:
     scrape_interval_s: float = 2.0
     refresh_s: float = 3.0
     startup_delay_s: float = 5.0  # seconds of "model loading" before a new emulated pod serves
+    drain_s: float = 20.0  # at most this long after a phase's last arrival for its requests to finish
     # Llama-3.1-8B on one H100 prefills ~40k tokens/s in the twin's latency model: chat needs a fraction
     # of one prefill replica, documents (60k prompt tokens/s) more than one.
     phases: tuple[Phase, ...] = (
@@ -228,8 +229,9 @@ class Sample:
     decode_ready: int
     ttft_s: float | None  # user TTFT at the policy percentile, from Prometheus (None: no data)
     itl_s: float | None
-    cause: str  # the newest decision's cause
-    decisions: int  # decisions recorded so far
+    cause: str  # the latest evaluation's cause (status.autoscaling.lastEvaluation), e.g. NoChange
+    decisions: int  # decisions (moves) recorded so far
+    message: str = ""  # ... and its message
 
 
 def ratio_cell(prefill: int, decode: int) -> str:
@@ -245,8 +247,14 @@ def _latency(value: float | None, slo: float, unit_scale: float, unit: str) -> s
 
 TABLE_HEADER = (
     f"{'time':>6}  {'phase':<10} {'P:D':<5} {'ready':<6}  {'TTFT p90 / SLO':>17}  {'ITL p90 / SLO':>16}"
-    "  last decision"
+    "  latest evaluation"
 )
+
+MESSAGE_WIDTH = 70  # the live table's message column is cut here (the report has the whole text)
+
+
+def _short(text: str, width: int = MESSAGE_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def format_row(sample: Sample, settings: DemoSettings) -> str:
@@ -256,6 +264,7 @@ def format_row(sample: Sample, settings: DemoSettings) -> str:
         f" {ratio_cell(sample.prefill_ready, sample.decode_ready):<6}"
         f"  {_latency(sample.ttft_s, settings.ttft_slo_s, 1000, 'ms'):>17}"
         f"  {_latency(sample.itl_s, settings.itl_slo_s, 1000, 'ms'):>16}  {sample.cause}"
+        + (f": {_short(sample.message)}" if sample.message else "")
     )
 
 
@@ -692,6 +701,7 @@ class ClosedLoop:
             return read_proxy_url(endpoints)
 
         self.proxy_url = wait_until(proxy, self.run.start_timeout_s, "the live twin's proxy")
+        self.wait_serving(self.run.start_timeout_s)
 
     def children_ready(self) -> bool:
         name, ns = self.settings.deployment, self.settings.namespace
@@ -713,6 +723,29 @@ class ClosedLoop:
     def decisions(self) -> list[dict[str, Any]]:
         auto = (self.deployment().get("status") or {}).get("autoscaling") or {}
         return list(auto.get("decisions") or [])
+
+    def latest_evaluation(self) -> tuple[dict[str, Any], int]:
+        """status.autoscaling.lastEvaluation (the newest decision before the first one is written there)
+        and how many decisions are recorded."""
+        auto = (self.deployment().get("status") or {}).get("autoscaling") or {}
+        decisions = list(auto.get("decisions") or [])
+        latest = auto.get("lastEvaluation") or (decisions[0] if decisions else {})
+        return dict(latest), len(decisions)
+
+    def wait_serving(self, timeout_s: float) -> None:
+        """Until the twin's proxy routes to every initial pod (they serve after their model loading)."""
+        import httpx
+
+        wanted = {"prefill": self.settings.prefill_replicas, "decode": self.settings.decode_replicas}
+
+        def serving() -> bool:
+            try:
+                health = httpx.get(f"{self.proxy_url}/health", timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return all(int(health.get(role) or 0) >= count for role, count in wanted.items())
+
+        wait_until(serving, timeout_s, "the emulated engines to serve")
 
     def events(self) -> list[dict[str, Any]]:
         """Events about the deployment, oldest first."""
@@ -736,24 +769,25 @@ class ClosedLoop:
         ttft, itl = read_latencies(self.prometheus.url, self.settings)
         return ttft, itl
 
-    def sample(self, elapsed_s: float) -> Sample:
+    def sample(self, elapsed_s: float, phase: str | None = None) -> Sample:
         (p_desired, p_ready), (d_desired, d_ready) = (
             self.role_replicas("prefill"),
             self.role_replicas("decode"),
         )
-        decisions = self.decisions()
+        latest, decisions = self.latest_evaluation()
         ttft, itl = self.latencies()
         return Sample(
             elapsed_s=elapsed_s,
-            phase=self.settings.phase_at(elapsed_s).name,
+            phase=phase or self.settings.phase_at(elapsed_s).name,
             prefill=p_desired,
             decode=d_desired,
             prefill_ready=p_ready,
             decode_ready=d_ready,
             ttft_s=ttft,
             itl_s=itl,
-            cause=str(decisions[0].get("cause", "")) if decisions else "",
-            decisions=len(decisions),
+            cause=str(latest.get("cause", "")),
+            decisions=decisions,
+            message=str(latest.get("message", "")),
         )
 
     def stop(self) -> None:
@@ -785,44 +819,98 @@ def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float |
 
 
 def phase_requests(phase: Phase, seed: int) -> list[LoadRequest]:
+    """The phase's Poisson arrivals: those that fall within its duration."""
     from disagg.twin.live.load import poisson_requests
 
     count = int(phase.rate_rps * phase.duration_s * 1.5) + 10  # more than the phase can send
-    return poisson_requests(phase.rate_rps, count, phase.prompt_tokens, phase.output_tokens, seed=seed)
+    every = poisson_requests(phase.rate_rps, count, phase.prompt_tokens, phase.output_tokens, seed=seed)
+    return [r for r in every if r.arrival_s < phase.duration_s]
 
 
-def run_traffic(proxy_url: str, settings: DemoSettings) -> list[LoadReport]:
-    """Each phase's Poisson load through the twin's proxy, one after the other (blocking)."""
+@dataclass(frozen=True)
+class PhaseReport:
+    """One phase's traffic: every request that arrived within the phase, and what became of it.
+
+    ``failed`` requests got an error answer (or a broken connection); ``cut_off`` ones were still
+    running when the phase's drain ran out (the load generator cancels those without a result).
+    """
+
+    phase: str
+    sent: int
+    load: LoadReport
+
+    @property
+    def ok(self) -> int:
+        return self.load.ok
+
+    @property
+    def failed(self) -> int:
+        return self.load.failed
+
+    @property
+    def cut_off(self) -> int:
+        return self.sent - len(self.load.results)
+
+    def errors(self) -> dict[str, int]:
+        """Error text -> count, over the failed requests."""
+        counts: dict[str, int] = {}
+        for result in self.load.results:
+            if not result.ok:
+                counts[result.error[:80]] = counts.get(result.error[:80], 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        ok = self.load.ok
+        text = (
+            f"{self.phase}: sent {self.sent}, ok {ok}, failed {self.failed}, cut off {self.cut_off} "
+            f"(still running when the drain ended) in {self.load.wall_s:.1f} s wall"
+        )
+        latencies = self.load.summary().split("; ", 1)[-1]  # "TTFT p50 ... (engine seconds)"
+        errors = ", ".join(f"{count} x {error}" for error, count in self.errors().items())
+        return f"{text}; {latencies}" + (f"; errors: {errors}" if errors else "")
+
+
+def run_traffic(
+    proxy_url: str, settings: DemoSettings, on_phase: Callable[[str], None] | None = None
+) -> list[PhaseReport]:
+    """Each phase's Poisson load through the twin's proxy, one after the other (blocking).
+
+    A phase sends the requests arriving within its duration, then lets the ones in flight finish
+    (at most ``drain_s``) before the next phase starts, so every request it sent is counted.
+    """
     import asyncio
 
     from disagg.twin.live.load import LoadSettings, run_load
 
-    reports: list[LoadReport] = []
+    reports: list[PhaseReport] = []
     for index, phase in enumerate(settings.phases):
         requests = phase_requests(phase, seed=index)
         load = LoadSettings(
             target=proxy_url,
-            max_requests=len(requests),
-            max_duration_s=phase.duration_s,
+            max_requests=max(1, len(requests)),
+            max_duration_s=phase.duration_s + settings.drain_s,
             model=settings.served_model,
         )
-        reports.append(asyncio.run(run_load(requests, load)))
+        if on_phase is not None:
+            on_phase(phase.name)
+        reports.append(PhaseReport(phase.name, len(requests), asyncio.run(run_load(requests, load))))
     return reports
 
 
-def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[LoadReport]]:
+def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[PhaseReport]]:
     """Run the traffic phases in a thread and sample/print the loop every ``refresh_s`` meanwhile."""
     import threading
 
     if loop.proxy_url is None:
         raise RuntimeError("the live twin's proxy is not up")
     settings = loop.settings
-    reports: list[LoadReport] = []
+    reports: list[PhaseReport] = []
     failure: list[BaseException] = []
+    current = [settings.phases[0].name]  # the phase the traffic thread is in (drains shift the edges)
 
     def traffic() -> None:
         try:
-            reports.extend(run_traffic(str(loop.proxy_url), settings))
+            reports.extend(run_traffic(str(loop.proxy_url), settings, on_phase=lambda p: current.append(p)))
         except BaseException as error:  # reported by the main thread
             failure.append(error)
 
@@ -832,7 +920,7 @@ def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[LoadReport]
     started = time.monotonic()
     thread.start()
     while thread.is_alive():
-        sample = loop.sample(time.monotonic() - started)
+        sample = loop.sample(time.monotonic() - started, current[-1])
         samples.append(sample)
         print(format_row(sample, settings), file=out, flush=True)
         thread.join(timeout=settings.refresh_s)
@@ -922,8 +1010,8 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         _step(out, f"traffic: {phases}")
         samples, reports = drive(loop, out)
-        for phase, report in zip(settings.phases, reports, strict=False):
-            print(f"   {phase.name}: {report.summary()}", file=out)
+        for report in reports:
+            print(f"   {report.summary()}", file=out)
         paths = write_report(samples, loop.decisions(), loop.events(), settings, settings.report_dir)
         outcome = summarise(samples, settings)
         _step(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from disagg.api.deployment import AutoscalingStatus
 from disagg.controller.autoscaling import (
     CONDITION_ACTIVE,
     CONDITION_LIMITED,
@@ -160,6 +161,22 @@ def test_steady_state_does_not_grow_the_history() -> None:
     assert len(status["decisions"]) == 1
     assert status["decisions"][0]["cause"] == "NoChange"
     assert status["lastEvaluationTime"] == rfc3339(T0 + 30)
+
+
+def test_last_evaluation_tells_the_latest_cause_while_the_history_keeps_the_moves() -> None:
+    """The first decision (no traffic yet) stays the newest move; lastEvaluation says what holds now."""
+    current = {"prefill": 1, "decode": 2}
+    status = autoscaling_status(
+        None, "rp", "active", _decision(1, 2, "MetricsMissing", changed=False), current, T0, keep=10
+    )
+    status = autoscaling_status(status, "rp", "active", _decision(1, 2, changed=False), current, T0 + 5, 10)
+    assert [d["cause"] for d in status["decisions"]] == ["MetricsMissing"]
+    last = status["lastEvaluation"]
+    assert last["cause"] == "NoChange" and last["time"] == rfc3339(T0 + 5)
+    assert (last["prefill"], last["decode"]) == (1, 2)
+    assert last["message"] == "no change: SLOs met within the tolerance band"
+    # it is a valid part of the DisaggregatedDeployment's status
+    assert AutoscalingStatus.model_validate(status).last_evaluation is not None
 
 
 def test_advisory_mode_records_but_sets_no_desired_replicas() -> None:

@@ -11,14 +11,17 @@ from disagg.api.ratiopolicy import RatioPolicy
 from disagg.demo import (
     DemoSettings,
     Phase,
+    PhaseReport,
     Sample,
     deployment_manifest,
     format_row,
+    phase_requests,
     prometheus_config,
     ratio_policy_manifest,
     summarise,
     write_report,
 )
+from disagg.twin.live.load import ClientResult, LoadReport
 
 SETTINGS = DemoSettings(
     phases=(Phase("chat", 30.0, 5.0, 300, 64), Phase("documents", 60.0, 5.0, 12000, 64)),
@@ -91,6 +94,32 @@ RUN = [
     _sample(60, 3, 2, 0.6),
     _sample(80, 3, 2, 0.5),
 ]
+
+
+def test_live_row_shows_the_latest_evaluation_and_cuts_its_message() -> None:
+    sample = Sample(50, "chat", 1, 2, 1, 2, 0.04, 0.01, "NoChange", 1, "no change: " + "x" * 200)
+    row = format_row(sample, SETTINGS)
+    assert "NoChange: no change: x" in row and row.endswith("...")
+    assert len(row) < 200
+
+
+def test_a_phase_sends_only_what_arrives_within_it() -> None:
+    phase = Phase("chat", 10.0, 5.0, 300, 64)
+    requests = phase_requests(phase, seed=0)
+    assert requests and all(r.arrival_s < phase.duration_s for r in requests)
+    assert 20 < len(requests) < 100  # Poisson at 5/s over 10 s
+
+
+def test_phase_report_tells_failed_from_cut_off() -> None:
+    results = [ClientResult(True, 0.03, (0.01,), 2)] * 7 + [
+        ClientResult(False, error="HTTP 503: no ready prefill endpoint")
+    ] * 2
+    report = PhaseReport("chat", sent=10, load=LoadReport(results=list(results), wall_s=10.5))
+    assert (report.ok, report.failed, report.cut_off) == (7, 2, 1)
+    assert report.errors() == {"HTTP 503: no ready prefill endpoint": 2}
+    text = report.summary()
+    assert text.startswith("chat: sent 10, ok 7, failed 2, cut off 1")
+    assert "TTFT p50 30.0 ms" in text and "2 x HTTP 503: no ready prefill endpoint" in text
 
 
 def test_live_row_marks_latencies_over_the_slo() -> None:

@@ -685,6 +685,11 @@ class AutoscalingStatus(ApiModel):
         default=None, description="Replicas per pool the autoscaler wants (applied in active mode)."
     )
     last_evaluation_time: str | None = Field(default=None, description="Last evaluation (RFC 3339).")
+    last_evaluation: ScalingDecision | None = Field(
+        default=None,
+        description="The latest evaluation, also when it changed nothing (cause NoChange, MetricsMissing, "
+        "...): what the autoscaler thinks now; decisions keeps only the moves.",
+    )
     decisions: list[ScalingDecision] = Field(
         default_factory=list, max_length=10, description="Recent decisions, newest first (at most 10)."
     )

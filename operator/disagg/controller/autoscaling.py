@@ -8,7 +8,8 @@ fixed interval; a policy's interval is data). Each evaluation:
 2. builds an Observation: replica/ready/pending counts from the child Deployments and their pods,
    latencies and load from Prometheus through :mod:`disagg.metrics`;
 3. calls the pure :func:`disagg.policy.decide`;
-4. writes ``status.autoscaling`` (policy, mode, desiredReplicas, lastEvaluationTime, the last decisions)
+4. writes ``status.autoscaling`` (policy, mode, desiredReplicas, lastEvaluationTime, lastEvaluation --
+   the latest evaluation's target and cause even when it changed nothing --, the last decisions)
    and the conditions MetricsAvailable, ScalingActive and ScalingLimited, and posts an Event for every
    change. The reconciler stays the only writer of child replica counts: it reads desiredReplicas.
 
@@ -311,6 +312,7 @@ def autoscaling_status(
         "mode": mode,
         "desiredReplicas": dict(target) if mode == "active" else None,
         "lastEvaluationTime": rfc3339(now),
+        "lastEvaluation": decision_record(decision, now),
         "decisions": history,
     }
 
