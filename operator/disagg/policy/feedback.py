@@ -9,14 +9,13 @@ KV-cache pressure to decode.
 Scale-up on a prefill breach sizes for the work arriving (rate x mean prefill time at the target
 utilisation) when both are measured (bounded by the per-step cap only), else grows in proportion to
 the latency/target ratio (at most doubling per evaluation); always at least one replica, and nothing
-more while replicas asked for
-earlier are still starting (their effect cannot show yet). The per-step caps and stabilisation windows
-then shape it. Scale-down proves its safety
-with a small queueing model calibrated on the present: a pool of ``n`` replicas whose estimated busy
-fraction is ``rho`` shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and the
-predicted latency at ``m`` stays under ``(1 - tolerance)`` of the target, judged at the peak arrival
-rate of the metric window; when the arrivals are bursty (peak far above the mean) the prediction, built
-from window averages, must stay under half the target instead (:func:`shrink_ceiling`).
+more while replicas asked for earlier are still starting (their effect cannot show yet). The per-step
+caps and stabilisation windows then shape it. Scale-down proves its safety with a small queueing
+model calibrated on the present: a pool of ``n`` replicas whose estimated busy fraction is ``rho``
+shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and the predicted latency
+at ``m`` stays under ``(1 - tolerance)`` of the target, judged at the peak arrival rate of the metric
+window; when the arrivals are bursty (peak far above the mean) the prediction, built from window
+averages, must stay under half the target instead (:func:`shrink_ceiling`).
 """
 
 from __future__ import annotations
