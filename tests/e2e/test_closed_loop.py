@@ -10,26 +10,32 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
+from kubernetes import client, watch
 
 from disagg.cluster.local import ClusterInfo, NodePool, free_ports, node_manifest
+from disagg.controller.autoscaling import POD_DELETION_COST
 from disagg.demo import (
     ClosedLoop,
     DemoSettings,
     Phase,
     RunSettings,
+    apply_object,
+    deployment_manifest,
     drive,
     install_crds,
+    ratio_policy_manifest,
     summarise,
     wait_until,
     write_report,
 )
-from disagg.k8s.client import POD, Kind, KubeApi, load_api_client
+from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, POD, Kind, KubeApi, load_api_client
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -72,16 +78,106 @@ def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterato
         yield loop
 
 
+def apply_advisory_deployment(loop: ClosedLoop) -> DemoSettings:
+    """A second, idle deployment (on the L40S nodes, apart from the closed loop's H100s) whose advisory
+    RatioPolicy's GPU budget (3) is below its spec's 2:2: the policy wants 2:1 and must not get it."""
+    advice = replace(
+        loop.settings,
+        deployment="advice",
+        policy="advice",
+        gpu_type="l40s",
+        prefill_replicas=2,
+        decode_replicas=2,
+    )
+    policy = ratio_policy_manifest(advice)
+    policy["spec"].update(mode="advisory", gpuBudget={"maxGPUs": 3})
+    apply_object(loop.kube, policy)
+    apply_object(loop.kube, deployment_manifest(advice))
+    return advice
+
+
+def child_replicas(kube: KubeApi, namespace: str, deployment: str) -> dict[str, int]:
+    found = {role: kube.get(DEPLOYMENT, namespace, f"{deployment}-{role}") for role in ("prefill", "decode")}
+    return {role: int(((child or {}).get("spec") or {}).get("replicas", -1)) for role, child in found.items()}
+
+
+class DecodeRemovals:
+    """Watches the decode pods (in a thread) and records, for each pod the ReplicaSet removes, the
+    deletion costs the live decode pods carried when its removal began. A watch sees every change in
+    order: the operator's annotation patch comes before the Deployment shrinks, so it is seen first."""
+
+    def __init__(self, kube: KubeApi, namespace: str, deployment: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.selector = f"disagg.dev/deployment={deployment},disagg.dev/role=decode"
+        self.removals: list[tuple[str, dict[str, str | None]]] = []  # (removed pod, live pod -> cost)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="decode-removals", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> DecodeRemovals:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+    def _watch(self) -> None:
+        listing = self.kube.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods", query=[("labelSelector", self.selector)]
+        )
+        live: dict[str, str | None] = {}
+        for pod in listing.get("items") or []:
+            self._observe(live, "ADDED", pod)
+        version = str(listing["metadata"]["resourceVersion"])
+        core = client.CoreV1Api(self.kube.api_client)
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                core.list_namespaced_pod,
+                self.namespace,
+                label_selector=self.selector,
+                resource_version=version,
+                timeout_seconds=2,
+            )
+            for event in stream:
+                if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue
+                obj = event.get("raw_object") or {}
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                self._observe(live, str(event.get("type")), obj)
+
+    def _observe(self, live: dict[str, str | None], kind: str, pod: dict[str, object]) -> None:
+        metadata = pod.get("metadata") or {}
+        assert isinstance(metadata, dict)
+        name = str(metadata.get("name"))
+        if kind == "DELETED" or metadata.get("deletionTimestamp"):
+            if name in live:
+                self.removals.append((name, dict(live)))
+                del live[name]
+            return
+        live[name] = (metadata.get("annotations") or {}).get(POD_DELETION_COST)
+
+
 def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) -> None:
     settings = closed_loop.settings
+    advice = apply_advisory_deployment(closed_loop)
     samples, reports = drive(closed_loop, io.StringIO())
     decisions = closed_loop.decisions()
     events = closed_loop.events()
     write_report(samples, decisions, events, settings, settings.report_dir)
     outcome = summarise(samples, settings)
     timeline = "\n".join(str(s) for s in samples)
+    print(*(r.summary() for r in reports), sep="\n")
 
-    assert all(r.ok > 0 for r in reports), [r.summary() for r in reports]
+    # every request of every phase was answered: none failed (e.g. sent before the engines served), none
+    # was left running past the phase's drain
+    assert all(r.ok > 0 and r.failed == 0 and r.cut_off == 0 for r in reports), [r.summary() for r in reports]
     # the operator moved the ratio toward prefill after the shift to long prompts
     assert outcome.moved_toward_prefill, timeline
     # ... and users' TTFT, as Prometheus computes it, came back under the SLO
@@ -104,6 +200,41 @@ def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) 
     # the operator exposes its decisions as metrics
     text = httpx.get(closed_loop.operator_metrics_url, timeout=10).text
     assert f'disagg_decisions_total{{deployment="{settings.deployment}"' in text
+
+    # status tells the latest evaluation (the live table's "now"), also when it changed nothing
+    auto = (closed_loop.deployment().get("status") or {}).get("autoscaling") or {}
+    latest = auto.get("lastEvaluation") or {}
+    assert latest.get("cause") and latest.get("time") == auto.get("lastEvaluationTime"), auto
+    assert all(s.cause for s in samples[-5:]), timeline
+
+    # advisory mode decides and reports, and never acts: the children keep the spec's 2:2
+    ns = settings.namespace
+    advised = closed_loop.kube.get(DISAGG_DEPLOYMENT, ns, advice.deployment) or {}
+    advised_auto = (advised.get("status") or {}).get("autoscaling") or {}
+    assert advised_auto.get("mode") == "advisory" and not advised_auto.get("desiredReplicas"), advised_auto
+    assert any((d["prefill"], d["decode"]) != (2, 2) for d in advised_auto.get("decisions") or []), (
+        advised_auto
+    )
+    conditions = {c["type"]: c for c in (advised.get("status") or {}).get("conditions") or []}
+    assert conditions.get("ScalingActive", {}).get("reason") == "AdvisoryMode", conditions
+    assert child_replicas(closed_loop.kube, ns, advice.deployment) == {"prefill": 2, "decode": 2}
+
+    # Chat traffic again, with a short scale-down window: the surplus decode pool shrinks. Before it does,
+    # the operator ranks the decode pods by load in pod-deletion-cost, and the ReplicaSet removes the
+    # lowest-ranked (least-loaded) pod. (That the ranks follow the load is unit-tested.)
+    apply_object(closed_loop.kube, ratio_policy_manifest(replace(settings, scale_down_window_s=5)))
+    closed_loop.settings = replace(settings, phases=(Phase("chat-again", 45.0, 5.0, 300, 64),))
+    with DecodeRemovals(closed_loop.kube, ns, settings.deployment) as removals:
+        again, _ = drive(closed_loop, io.StringIO())
+    assert removals.error is None, removals.error
+    print("decode removals (pod, live pods' deletion costs):", removals.removals)
+    timeline = "\n".join(str(s) for s in again)
+    assert again[-1].decode < samples[-1].decode, timeline
+    assert removals.removals, timeline
+    for removed, costs in removals.removals:
+        ranks = {pod: int(cost) for pod, cost in costs.items() if cost is not None}
+        assert set(ranks) == set(costs), costs  # every live decode pod was ranked before the shrink
+        assert ranks[removed] == min(ranks.values()), (removed, costs)
 
 
 NODE = Kind("v1", "Node", "nodes", namespaced=False)
