@@ -103,10 +103,24 @@ def test_ttft_breach_from_prefill_queue_grows_prefill_only() -> None:
 
 
 def test_ttft_breach_after_prefill_grows_decode() -> None:
-    # prefill side 0.2 s of a 2.0 s TTFT: the time goes into KV transfer and the first decode step
-    d, _ = run(obs(ttft=2.0, queue=0.05, prefill_time=0.15), spec())
+    # prefill side 0.2 s of a 2.0 s TTFT, and requests wait at the decode pool (12 queued on 4
+    # replicas, 1.2 s admission wait): the time goes into KV transfer and decode admission
+    o = obs(ttft=2.0, queue=0.05, prefill_time=0.15)
+    o = replace(o, decode=replace(o.decode, queue_depth=Measured.of(12.0), queue_time=Measured.of(1.2)))
+    d, _ = run(o, spec())
     assert d.decode > 4 and d.prefill == 2
     assert "TTFTBreachTransferDecode" in codes(d)
+
+
+def test_ttft_breach_after_prefill_without_decode_queueing_stays_with_prefill() -> None:
+    # the same split, but nothing waits at the decode pool: the p90 TTFT tail is prefill queueing
+    # (the prefill side is a window mean); more decode replicas would not shorten it
+    o = obs(ttft=2.0, queue=0.05, prefill_time=0.15, kv=0.05)
+    o = replace(o, decode=replace(o.decode, queue_depth=Measured.of(0.0), queue_time=Measured.of(0.0)))
+    d, _ = run(o, spec())
+    assert d.decode <= 4
+    assert d.prefill > 2
+    assert "TTFTBreachTransferDecode" not in codes(d)
 
 
 def test_itl_breach_grows_decode() -> None:

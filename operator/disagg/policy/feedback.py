@@ -90,6 +90,24 @@ def prefill_side_ttft(obs: Observation) -> float | None:
     return q + c
 
 
+def decode_holds_ttft(obs: Observation, ttft: float, side: float | None, target_s: float) -> bool:
+    """Whether a TTFT breach belongs to the decode side (KV transfer, decode admission, first step).
+
+    The split ``ttft - side`` alone can't say so: ``ttft`` is a percentile of the whole while the
+    prefill side is a sum of window statistics, so a prefill queueing tail also lands "after
+    prefill". Adding decode replicas shortens TTFT only when requests wait at the decode pool, so the
+    decode side must also show it: requests queued there (at least one per ready replica) or a decode
+    queue time of at least a quarter of the target. Without that evidence the breach stays with
+    prefill. (Seen without it: a 0.5 s TTFT target grew an idle decode pool to 14 replicas.)
+    """
+    if side is None or ttft - side <= side:
+        return False
+    waiting, wait_s = _val(obs.decode.queue_depth), _val(obs.decode.queue_time)
+    queued = waiting is not None and waiting >= max(obs.decode.ready, 1)
+    slow_admission = wait_s is not None and wait_s >= 0.25 * target_s
+    return queued or slow_admission
+
+
 def burst_drain_ttft(ttft: float, queued: float, n: int, m: int) -> float:
     """TTFT at ``m`` prefill replicas if the observed queueing comes from bursts: a burst's prompts are
     spread over the replicas and drain in parallel, so the wait in front of a request scales with n/m.
@@ -251,8 +269,8 @@ def prefill_proposal(
         )
     side = prefill_side_ttft(obs)
     if band.breached(ttft):
-        if side is not None and (ttft - side) > side:
-            return RoleProposal(n)  # the decode side dominates TTFT: decode grows instead
+        if decode_holds_ttft(obs, ttft, side, band.target):
+            return RoleProposal(n)  # the decode side holds TTFT: decode grows instead
         q, c = _val(obs.prefill.queue_time), _val(obs.prefill.compute_time)
         code = "TTFTBreachPrefillQueue" if (q is None or c is None or q >= c) else "TTFTBreachPrefillCompute"
         load = rate if rate is not None else _val(obs.request_rate)
@@ -320,7 +338,8 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
         breached = True
         reasons.append(Reason("KVPressure", f"decode KV-cache usage {kv:.2f}", "decode"))
     ttft, side = _val(obs.ttft), prefill_side_ttft(obs)
-    if ttft is not None and side is not None and ttft_band.breached(ttft) and (ttft - side) > side:
+    decode_breach = ttft is not None and decode_holds_ttft(obs, ttft, side, ttft_band.target)
+    if ttft is not None and side is not None and ttft_band.breached(ttft) and decode_breach:
         target = max(target or 0, grow(n, ttft_band.ratio(ttft), obs.decode.ready))
         breached = True
         reasons.append(
@@ -338,7 +357,7 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
         )
     # a TTFT breach the prefill side holds (its queue + prefill time is the larger share) says nothing
     # about decode: decode may still shrink on its own ITL and KV proof; an unattributed one holds it
-    prefill_breach = ttft is not None and side is not None and ttft - side <= side
+    prefill_breach = ttft is not None and side is not None and not decode_breach
     if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft) or prefill_breach):
         safe = smallest_safe_decode(obs, n, band, policy.feedback.target_utilization, bounds.decode)
         if safe is not None:
