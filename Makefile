@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 DISAGG    := $(BIN)/disagg
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit lint crds golden demo cluster-build cluster-up cluster-down bench bench-twin clean
+.PHONY: venv test unit lint crds golden demo cluster-build cluster-up cluster-down bench bench-twin policy-table clean
 
 $(BIN)/disagg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ cluster-down: venv
 ## make bench: every benchmark under bench/ (some start a local control plane; minutes)
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+## make policy-table: replay each library policy through the twin and rewrite the table in policies/README.md
+policy-table: venv
+	$(BIN)/python bench/policy_table.py --write
 
 ## make bench-twin: the simulator's speed and P/D vs colocated goodput (about 30 s)
 bench-twin: venv
