@@ -73,7 +73,7 @@ def vidur_rows() -> None:
     # config.json of meta-llama/Llama-2-7b-hf: 32 layers, hidden 4096, intermediate 11008, 32 heads.
     archs = {
         "Llama-2-70b-hf": load_archs()["llama-3.1-70b"],
-        "Llama-2-7b-hf": Arch(32, 4096, 11008, 32, 32, 128, 32000, 6.7),
+        "Llama-2-7b-hf": Arch("llama-2-7b", 32, 4096, 11008, 32, 32, 128, 32000, 6.7),
     }
     ops = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
     for model, arch in archs.items():

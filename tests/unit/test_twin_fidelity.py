@@ -209,7 +209,7 @@ def test_linear_layers_match_vidur_h100_llama2_7b(tp: int, h100_bf16_gemm: objec
 
     vidur = _vidur_h100_linear("Llama-2-7b-hf")
     # Llama-2-7B config.json: 32 layers, hidden 4096, intermediate 11008, 32 heads (no GQA), head_dim 128.
-    arch = Arch(32, 4096, 11008, 32, 32, 128, 32000, 6.7)
+    arch = Arch("llama-2-7b", 32, 4096, 11008, 32, 32, 128, 32000, 6.7)
     errors = {
         n: _rel_err(linear_layers_ms(h100_bf16_gemm, arch, tp, n), vidur[(tp, n)])  # type: ignore[arg-type]
         for n in (1, 16, 64, 256, 1024, 4096)

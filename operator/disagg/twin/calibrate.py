@@ -53,6 +53,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from disagg.twin.latency import ModelConfig as Arch
+from disagg.twin.latency import load_model_config
+
 PROFILES_DIR = Path(__file__).parent / "profiles"
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / ".." / "shared" / "calibration"
 DEFAULT_H200_CSV = (
@@ -119,18 +122,6 @@ class ForwardRow:
     ms: float
 
 
-@dataclass(frozen=True)
-class Arch:
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    params_b: float
-
-
 class GemmTable:
     """Bilinear interpolation of measured GEMM latency (ms) in (n, k) at a grid value of m."""
 
@@ -171,8 +162,9 @@ class GemmTable:
 
 
 def load_archs() -> dict[str, Arch]:
+    """Every model in profiles/models.yaml, as the latency model reads it."""
     data = yaml.safe_load((PROFILES_DIR / "models.yaml").read_text())["models"]
-    return {name: Arch(**{f: v[f] for f in Arch.__dataclass_fields__}) for name, v in data.items()}
+    return {name: load_model_config(name) for name in data}
 
 
 def load_gpus() -> dict[str, dict[str, Any]]:
