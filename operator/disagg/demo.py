@@ -500,16 +500,11 @@ def apply_object(kube: KubeApi, obj: Mapping[str, Any], field_manager: str = "di
     return kube.request("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    """Poll ``check`` until truthy; raise TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``check`` every 0.5 s until truthy (the cluster package's wait, at the demo's pace)."""
+    from disagg.cluster.wait import wait_for
+
+    return wait_for(check, timeout_s=timeout_s, interval_s=0.5, what=what)
 
 
 def install_crds(kube: KubeApi, timeout_s: float = 60.0) -> list[str]:
