@@ -1,15 +1,19 @@
 """Replay each trace in ../shared/traces through the twin with every ratio policy and baseline.
 
-Same deployment (Llama-3.1-70B FP8, TP2 per replica on H100, both pools), same start (2 prefill + 2
-decode), same bounds and same SLOs for every policy on a trace. Prints, side by side: SLO attainment,
-goodput per GPU-hour, GPU-hours, scaling actions, oscillations (direction reversals of a pool within
-10 minutes), time to recover after the largest traffic shift; plus the best static split in hindsight
-and a hindsight lower bound on GPU-hours (per 5-minute window, the smallest allocation that meets the
-SLO for that window's traffic, ignoring start-up delay). Every ratio policy runs with the RatioPolicy
-defaults and only the trace's SLO set (one policy for all traces, no per-trace tuning). Every run stops
-30 minutes after the last arrival; requests not finished by then are counted (``unfinished``) and missed.
+Same deployment (Llama-3.1-70B FP8, TP2 per replica on H100, both pools), same start, same bounds and
+same SLOs for every policy on a trace. Two starts, each printed as its own table: ``cold`` (2 prefill + 2
+decode whatever the traffic: shows how fast a policy finds its size) and ``warm`` (the first 5-minute
+window's hindsight allocation for every contender: a service already running and sized for the traffic it
+had been seeing, which is how a trace cut from a live service begins). Prints, side by side: SLO
+attainment, goodput per GPU-hour, GPU-hours, scaling actions, oscillations (direction reversals of a pool
+within 10 minutes), time to recover after the largest traffic shift; plus the best static split in
+hindsight and a hindsight lower bound on GPU-hours (per 5-minute window, the smallest allocation that
+meets the SLO for that window's traffic, ignoring start-up delay). Every ratio policy runs with the
+RatioPolicy defaults and only the trace's SLO set (one policy for all traces, no per-trace tuning). Every
+run stops 30 minutes after the last arrival; requests not finished by then are counted (``unfinished``)
+and missed.
 
-    .venv/bin/python bench/policy_goodput.py [--trace NAME] [--quick]
+    .venv/bin/python bench/policy_goodput.py [--trace NAME] [--quick] [--start cold|warm|both]
 
 Numbers are printed, never asserted (benchmarks are not tests).
 """
@@ -269,12 +273,15 @@ def smallest_static(
     return best
 
 
-def hindsight_lower_bound(reqs: Sequence[Request], case: TraceCase, setup: Setup) -> float:
-    """GPU-hours if every window ran the smallest allocation meeting the SLO for its traffic."""
+def hindsight_schedule(
+    reqs: Sequence[Request], case: TraceCase, setup: Setup
+) -> list[tuple[float, float, tuple[int, int] | None]]:
+    """Per window (start, span, allocation): the smallest allocation meeting the SLO for that window's
+    traffic alone, started empty and with no start-up delay (None: nothing up to 16:16 does)."""
     if not reqs:
-        return 0.0
+        return []
     end = max(r.arrival_s for r in reqs)
-    total = 0.0
+    out: list[tuple[float, float, tuple[int, int] | None]] = []
     start = 0.0
     while start <= end:
         chunk = [
@@ -282,12 +289,21 @@ def hindsight_lower_bound(reqs: Sequence[Request], case: TraceCase, setup: Setup
             for r in reqs
             if start <= r.arrival_s < start + setup.window_s
         ]
-        span = min(setup.window_s, end - start) if chunk else 0.0
         if chunk:
-            alloc = smallest_static(chunk, case, setup, startup=0.0)
-            gpus = setup.tp * (sum(alloc) if alloc else 2 * setup.max_replicas)
-            total += gpus * max(span, 1.0) / 3600.0
+            span = max(min(setup.window_s, end - start), 1.0)
+            out.append((start, span, smallest_static(chunk, case, setup, startup=0.0)))
         start += setup.window_s
+    return out
+
+
+def hindsight_lower_bound(
+    schedule: Sequence[tuple[float, float, tuple[int, int] | None]], setup: Setup
+) -> float:
+    """GPU-hours if every window ran the smallest allocation meeting the SLO for its traffic."""
+    total = 0.0
+    for _, span, alloc in schedule:
+        gpus = setup.tp * (sum(alloc) if alloc else 2 * setup.max_replicas)
+        total += gpus * span / 3600.0
     return total
 
 
@@ -326,7 +342,11 @@ def fmt_row(r: Row) -> str:
     )
 
 
-def run_case(case: TraceCase, setup: Setup, quick: bool) -> list[Row]:
+def run_case(case: TraceCase, setup: Setup, quick: bool, starts: Sequence[str]) -> dict[str, list[Row]]:
+    """Every contender from each start: ``cold`` (the Setup's 2P:2D, whatever the traffic) and ``warm``
+    (the allocation the hindsight schedule gives the first window: a service that was already running
+    and sized for the traffic it had been seeing, which is how a trace taken from a live service
+    begins). The best static split and the hindsight bound do not depend on the start."""
     reqs = load_trace(case.path)
     if quick:
         reqs = [r for r in reqs if r.arrival_s < 900.0]
@@ -334,28 +354,41 @@ def run_case(case: TraceCase, setup: Setup, quick: bool) -> list[Row]:
         f"\n== {case.name}: {len(reqs)} requests, SLO TTFT p90 <= {case.ttft_slo_s}s, "
         f"ITL <= {case.itl_slo_s * 1000:.0f}ms"
     )
-    rows: list[Row] = []
-    shift_t: float | None = None
-    for name, make in controllers(case, setup).items():
-        t0 = time.perf_counter()
-        result = setup.run(setup.deployment(), reqs, make())
-        if shift_t is None:
-            shift_t = largest_shift(result)
-        rows.append(evaluate(name, result, case, setup, shift_t))
-        print(fmt_row(rows[-1]), f"  ({time.perf_counter() - t0:.1f}s)", flush=True)
+    schedule = hindsight_schedule(reqs, case, setup)
+    bound = hindsight_lower_bound(schedule, setup)
     static = smallest_static(reqs, case, setup)
-    if static is not None:
-        result = setup.run(setup.deployment(*static), reqs)
-        rows.append(evaluate(f"best static {static[0]}P:{static[1]}D", result, case, setup, shift_t))
-        print(fmt_row(rows[-1]), flush=True)
-    else:
-        print("  best static: no split up to 16:16 reaches 90%")
-    bound = hindsight_lower_bound(reqs, case, setup)
-    print(f"  {'hindsight lower bound':<22} {'':>7} {'':>11} {bound:>8.2f}")
-    print(f"  (largest traffic shift at t={shift_t}s)")
-    for line in target_check(rows, bound):
-        print(line)
-    return rows
+    static_row: Row | None = None
+    shift_t: float | None = None
+    tables: dict[str, list[Row]] = {}
+    for start in starts:
+        first = schedule[0][2] if schedule and schedule[0][2] else (setup.start_prefill, setup.start_decode)
+        run_setup = setup
+        if start == "warm":
+            run_setup = replace(setup, start_prefill=first[0], start_decode=first[1])
+        print(f"  -- start {start}: {run_setup.start_prefill}P:{run_setup.start_decode}D")
+        rows: list[Row] = []
+        for name, make in controllers(case, run_setup).items():
+            t0 = time.perf_counter()
+            result = run_setup.run(run_setup.deployment(), reqs, make())
+            if shift_t is None:
+                shift_t = largest_shift(result)
+            rows.append(evaluate(name, result, case, run_setup, shift_t))
+            print(fmt_row(rows[-1]), f"  ({time.perf_counter() - t0:.1f}s)", flush=True)
+        if static is not None and static_row is None:
+            result = setup.run(setup.deployment(*static), reqs)
+            static_row = evaluate(f"best static {static[0]}P:{static[1]}D", result, case, setup, shift_t)
+        if static_row is not None:
+            rows.append(static_row)
+            print(fmt_row(static_row), flush=True)
+        else:
+            print("  best static: no split up to 16:16 reaches 90%")
+        print(f"  {'hindsight lower bound':<22} {'':>7} {'':>11} {bound:>8.2f}")
+        for line in target_check(rows, bound):
+            print(line)
+        tables[start] = rows
+    plan = ", ".join(f"{a[0]}P:{a[1]}D" if a else "none" for _, _, a in schedule)
+    print(f"  (largest traffic shift at t={shift_t}s; hindsight per {setup.window_s:.0f}s window: {plan})")
+    return tables
 
 
 RATIO_POLICIES = ("slo-feedback", "model-based", "fixed-ratio 1:1")
@@ -400,10 +433,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Setup.metric_window_s,
         help="seconds each observation covers (0: one evaluation interval)",
     )
+    parser.add_argument(
+        "--start",
+        choices=("cold", "warm", "both"),
+        default="both",
+        help="cold: every contender starts at 2P:2D; warm: at the first window's hindsight allocation",
+    )
     args = parser.parse_args(argv)
+    starts = ("cold", "warm") if args.start == "both" else (args.start,)
     setup = Setup(metric_window_s=args.metric_window or None)
     print(
-        f"deployment: {setup.model} {setup.dtype} TP{setup.tp} on {setup.gpu}, start "
+        f"deployment: {setup.model} {setup.dtype} TP{setup.tp} on {setup.gpu}, cold start "
         f"{setup.start_prefill}P:{setup.start_decode}D, startup {setup.startup_delay_s:.0f}s, "
         f"evaluation every {setup.interval_s:.0f}s, metrics over "
         f"{setup.metric_window_s or setup.interval_s:.0f}s"
@@ -418,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not case.path.is_file():
             print(f"\n== {case.name}: {case.path} not found; skipped", file=sys.stderr)
             continue
-        run_case(case, setup, args.quick)
+        run_case(case, setup, args.quick, starts)
     return 0
 
 

@@ -22,7 +22,7 @@ from disagg.policy import (
     ServingProfile,
     decide,
 )
-from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, shrink_ceiling
+from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, itl_growth, shrink_ceiling
 from disagg.policy.model_based import (
     PrefillService,
     erlang_c,
@@ -511,3 +511,61 @@ def test_prefill_side_ttft_breach_does_not_hold_a_surplus_decode_pool() -> None:
     # the breach cannot be attributed (no prefill-side latencies): decode holds
     d, _ = run(obs(queue=2.0, prefill_time=None, **quiet_decode), spec(**FREE))
     assert d.decode == 4
+
+
+# --- leading signals: prefill saturation, decode step shape ---------------------------------------------
+
+LONG_CONTEXT: dict[str, Any] = {
+    "ttft": 6.0,
+    "queue": 1.0,
+    "prefill_time": 2.0,
+    "rate": 4.0,
+    "prompt": 15000.0,
+}
+TEN_S = {"slo": {"ttft": {"targetSeconds": 10.0}, "itl": {"targetSeconds": 0.05}}}
+
+
+def test_steady_load_near_saturation_grows_prefill_before_ttft_breaches() -> None:
+    # 4 req/s of 15k-token prompts (unshared: longer than a step's budget), 2 s each, on 9 replicas:
+    # 89% busy while TTFT p90 (6 s) still sits inside the 10 s target; ceil(4 x 2 / 0.8) = 10
+    steady = PolicyState(load_history=tuple((1000.0 - 30 * k, 4.0) for k in range(1, 9)))
+    d, _ = run(obs(t=1000.0, p=9, **LONG_CONTEXT), spec(**TEN_S, **FREE), steady)
+    assert d.prefill == 10
+    assert d.cause == "PrefillSaturation"
+    assert d.decode == 4
+
+
+def test_saturation_waits_for_starting_replicas_and_ignores_bursty_windows() -> None:
+    steady = PolicyState(load_history=tuple((1000.0 - 30 * k, 4.0) for k in range(1, 9)))
+    starting = obs(t=1000.0, p=9, pending=(0, 0), **LONG_CONTEXT)
+    starting = replace(starting, prefill=replace(starting.prefill, ready=8))
+    d, _ = run(starting, spec(**TEN_S, **FREE), steady)
+    assert d.prefill == 9 and "PrefillSaturation" not in codes(d)
+    bursty = PolicyState(load_history=tuple((1000.0 - 30 * k, 12.0 if k == 4 else 0.5) for k in range(1, 9)))
+    d, _ = run(obs(t=1000.0, p=9, **LONG_CONTEXT), spec(**TEN_S, **FREE), bursty)
+    assert "PrefillSaturation" not in codes(d)
+
+
+def test_itl_growth_uses_the_step_shape_and_never_exceeds_the_linear_bound() -> None:
+    o = obs(d=2, running=20.0)
+    fixed_plus_linear = lambda b: 0.020 + 0.0005 * b  # noqa: E731
+    assert itl_growth(o, 2, 1, None) == pytest.approx(2.0)
+    assert itl_growth(o, 2, 1, fixed_plus_linear) == pytest.approx(0.030 / 0.025)
+    assert itl_growth(o, 2, 1, lambda b: 0.001) == 1.0  # never predicts a faster step
+    assert itl_growth(replace(o, decode=replace(o.decode, running=MISSING)), 2, 1, fixed_plus_linear) == 2.0
+
+
+def test_decode_shrinks_further_when_the_profile_gives_the_step_shape() -> None:
+    # 2 decode replicas at ITL 26 ms, 20 requests running: the linear bound predicts 52 ms on one
+    # replica (over the 45 ms band edge); the 70B latency model's step grows far less at batch 20
+    o = obs(
+        p=8, d=2, ttft=3.0, queue=0.0, prefill_time=1.5, rate=3.0, prompt=12000.0, itl=0.026, running=20.0
+    )
+    o = replace(o, decode=replace(o.decode, kv_usage=Measured.of(0.2)))
+    policy = spec(**TEN_S, **FREE)
+    blind, _ = run(o, policy)
+    assert blind.decode == 2
+    profiled = replace(BOUNDS, profile=ServingProfile("llama-3.1-70b", "h100", 2, 2, "fp8"))
+    d, _ = run(o, policy, bounds=profiled)
+    assert d.decode == 1
+    assert any(r.code == "SurplusCapacity" and r.role == "decode" for r in d.reasons)

@@ -24,7 +24,13 @@ import math
 from dataclasses import dataclass, replace
 
 from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicySpec
-from disagg.policy.feedback import decode_proposal, peak_rate, prefill_proposal, steady_arrivals
+from disagg.policy.feedback import (
+    StepTime,
+    decode_proposal,
+    peak_rate,
+    prefill_proposal,
+    steady_arrivals,
+)
 from disagg.policy.model_based import load_models, model_based_proposal, resolve_profile
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import (
@@ -101,8 +107,30 @@ def feedback_proposal(
     shrink_rate = peak_rate(obs, history, history_window(policy))
     steady = steady_arrivals(obs, history, history_window(policy))
     return Proposal(
-        prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady), decode_proposal(obs, policy, bounds)
+        prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady),
+        decode_proposal(obs, policy, bounds, decode_step_shape(obs, policy, bounds)),
     )
+
+
+def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> StepTime | None:
+    """The decode step time against batch size at the observed context length, from the twin's latency
+    model of the deployment's profile: how ITL grows with the batch when a decode pool shrinks. None
+    (the linear upper bound applies) when the profile or the lengths are unknown."""
+    profile = resolve_profile(policy, bounds)
+    prompt, out = obs.prompt_tokens_mean, obs.output_tokens_mean
+    if profile is None or not prompt.ok or prompt.value is None:
+        return None
+    try:
+        decode = load_models(profile).decode
+    except (ValueError, KeyError):
+        return None
+    context = prompt.value + (out.value / 2.0 if out.ok and out.value is not None else 0.0)
+
+    def step(batch: float) -> float:
+        b = max(1, round(batch))
+        return decode.decode_step_time_s(b, int(b * context))
+
+    return step
 
 
 def history_window(policy: RatioPolicySpec) -> float:

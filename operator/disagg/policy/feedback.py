@@ -21,7 +21,7 @@ averages, must stay under half the target instead (:func:`shrink_ceiling`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from disagg.api.ratiopolicy import RatioPolicySpec
@@ -187,14 +187,34 @@ def smallest_safe_prefill(
     return best
 
 
+# decode step time (s) at a batch of this many sequences per replica: the shape of a latency model
+StepTime = Callable[[float], float]
+
+
+def itl_growth(obs: Observation, n: int, m: int, step_time: StepTime | None) -> float:
+    """How much ITL grows when the decode pool's running requests move from ``n`` to ``m`` replicas.
+
+    Without a step-time shape: n/m, the linear upper bound (as if a step had no fixed part). With one
+    (a latency model's decode step at the observed context), the ratio of its step times at the two
+    batch sizes, anchored on the ITL observed now: the weights are read once per step whatever the
+    batch, so a lightly loaded pool shrinks by far less than n/m in ITL. Never below 1.
+    """
+    running = _val(obs.decode.running)
+    if step_time is None or running is None or running <= 0:
+        return n / m
+    before, after = step_time(running / n), step_time(running / m)
+    if before <= 0:
+        return n / m
+    return max(after / before, 1.0)
+
+
 def smallest_safe_decode(
-    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds
+    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds, step_time: StepTime | None = None
 ) -> tuple[int, str] | None:
     """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
 
-    With the same requests on fewer replicas, batch per replica grows by n/m; ITL is taken to grow at
-    most linearly with the batch (an upper bound: the fixed part of a step does not grow), KV usage
-    linearly.
+    With the same requests on fewer replicas, batch per replica grows by n/m; ITL grows by
+    :func:`itl_growth` (at most linearly with the batch), KV usage linearly.
     """
     itl = _val(obs.itl)
     if itl is None or n <= 0:
@@ -205,7 +225,7 @@ def smallest_safe_decode(
         if m <= 0:
             break
         scale = n / m
-        predicted = itl * scale
+        predicted = itl * itl_growth(obs, n, m, step_time)
         if predicted > band.ceiling_after_shrink:
             break
         if kv is not None and kv * scale > util_cap:
@@ -242,6 +262,23 @@ def peak_rate(obs: Observation, history: Sequence[tuple[float, float]], window_s
         return None
     recent = [r for t, r in history if obs.time - t <= window_s]
     return max([now_rate, *recent])
+
+
+def saturation(obs: Observation, policy: RatioPolicySpec, n: int, steady: bool) -> tuple[int, str] | None:
+    """Replicas to add before TTFT breaches: steady arrivals whose work keeps the ready prefill replicas
+    busier than the target utilisation. Queueing delay grows without bound as the busy fraction nears
+    one, and a replica asked for now serves only after its start-up, so the TTFT percentile is a late
+    signal for a load that creeps up (long-context traffic whose prompts lengthen). Bursty arrivals are
+    left to the TTFT feedback: their window mean says little about the next burst."""
+    rate, work = _val(obs.request_rate), request_work(obs, policy.model_based.prefill_token_budget)
+    if not steady or rate is None or work is None or n <= 0 or obs.prefill.ready < n:
+        return None
+    util = policy.feedback.target_utilization
+    busy = rate * work / n
+    if busy <= util:
+        return None
+    needed = math.ceil(rate * work / util)
+    return needed, f"busy fraction {busy:.2f} > {util:.2f} at {rate:.2f} req/s x {work:.3f}s per request"
 
 
 def prefill_proposal(
@@ -291,6 +328,9 @@ def prefill_proposal(
             target = max(n if starting else n + 1, needed)
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
+    saturated = saturation(obs, policy, n, steady)
+    if saturated is not None:
+        return RoleProposal(saturated[0], (Reason("PrefillSaturation", saturated[1], "prefill"),))
     if band.comfortable(ttft):
         load = next((x for x in (shrink_rate, rate) if x is not None), _val(obs.request_rate))
         work = request_work(obs, policy.model_based.prefill_token_budget) if steady else None
@@ -309,7 +349,9 @@ def prefill_proposal(
     return RoleProposal(n)
 
 
-def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> RoleProposal:
+def decode_proposal(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, step_time: StepTime | None = None
+) -> RoleProposal:
     n = obs.decode.replicas
     band = Band(policy.slo.itl.target_seconds, policy.tolerance)
     ttft_band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
@@ -359,7 +401,9 @@ def decode_proposal(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
     # about decode: decode may still shrink on its own ITL and KV proof; an unattributed one holds it
     prefill_breach = ttft is not None and side is not None and not decode_breach
     if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft) or prefill_breach):
-        safe = smallest_safe_decode(obs, n, band, policy.feedback.target_utilization, bounds.decode)
+        safe = smallest_safe_decode(
+            obs, n, band, policy.feedback.target_utilization, bounds.decode, step_time
+        )
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "decode"),))
     return RoleProposal(n)
