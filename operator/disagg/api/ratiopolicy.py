@@ -213,7 +213,8 @@ class FeedbackSettings(ApiModel):
         gt=0.0,
         json_schema_extra=_open_range(0.0),
         le=1.0,
-        description="Highest estimated busy fraction a pool may reach after shrinking.",
+        description="Highest estimated busy fraction a pool may reach after shrinking; with steady "
+        "arrivals, slo-feedback adds prefill replicas once the prefill pool's busy fraction passes it.",
     )
 
 
