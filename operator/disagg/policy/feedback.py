@@ -16,6 +16,10 @@ shrinks to ``m`` only if ``rho * n / m`` stays under the target utilisation and 
 at ``m`` stays under ``(1 - tolerance)`` of the target, judged at the peak arrival rate of the metric
 window; when the arrivals are bursty (peak far above the mean) the prediction, built from window
 averages, must stay under half the target instead (:func:`shrink_ceiling`).
+
+Two leading signals act before a breach: steady arrivals whose work keeps the ready prefill replicas
+busier than the target utilisation grow prefill (:func:`saturation`), and a decode shrink predicts ITL
+from the latency model's step shape when the deployment's profile is known (:func:`itl_growth`).
 """
 
 from __future__ import annotations
