@@ -386,8 +386,8 @@ def run_case(case: TraceCase, setup: Setup, quick: bool, starts: Sequence[str]) 
     static_row: Row | None = None
     shift_t: float | None = None
     tables: dict[str, list[Row]] = {}
+    first = schedule[0][2] if schedule and schedule[0][2] else (setup.start_prefill, setup.start_decode)
     for start in starts:
-        first = schedule[0][2] if schedule and schedule[0][2] else (setup.start_prefill, setup.start_decode)
         run_setup = setup
         if start == "warm":
             run_setup = replace(setup, start_prefill=first[0], start_decode=first[1])

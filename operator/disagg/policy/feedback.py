@@ -277,11 +277,11 @@ def saturation(obs: Observation, policy: RatioPolicySpec, n: int, steady: bool) 
     rate, work = _val(obs.request_rate), request_work(obs, policy.model_based.prefill_token_budget)
     if not steady or rate is None or work is None or n <= 0 or obs.prefill.ready < n:
         return None
-    util = policy.feedback.target_utilization
-    busy = rate * work / n
+    util, load = policy.feedback.target_utilization, rate * work
+    busy = load / n
     if busy <= util:
         return None
-    needed = math.ceil(rate * work / util)
+    needed = math.ceil(load / util)
     return needed, f"busy fraction {busy:.2f} > {util:.2f} at {rate:.2f} req/s x {work:.3f}s per request"
 
 
