@@ -12,14 +12,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RenderSettings:
     # --- images (spec.engine.image / spec.router.image override them) ---------------------------------
-    # vLLM >= 0.18 drains in-flight requests on SIGTERM for --shutdown-timeout seconds (issue 2, vLLM
-    # serve docs); pin the first release with that behaviour.
-    vllm_image: str = "vllm/vllm-openai:v0.18.0"
-    # The SGLang image ships both the server (sglang.launch_server) and the router (sglang_router).
-    sglang_image: str = "lmsysorg/sglang:v0.5.8.post1"
-    # vLLM's own PD-aware router (github.com/vllm-project/router, a fork of the SGLang router with the
-    # same service-discovery flags and a --vllm-pd-disaggregation mode). Swappable via spec.router.image.
-    vllm_router_image: str = "ghcr.io/vllm-project/router:latest"
+    # Pinned to current releases, never `latest`; the tag is the PyPI version the conformance test reads
+    # (disagg.cluster.released.pinned_releases). docs/images.md lists each image and what verified it.
+    vllm_image: str = "vllm/vllm-openai:v0.33.0"
+    sglang_image: str = "lmsysorg/sglang:v0.5.23"
+    # vLLM's PD-aware router (github.com/vllm-project/router, PyPI vllm-router).
+    vllm_router_image: str = "vllm/vllm-router:v0.1.17"
+    # SGLang's router (PyPI sglang-router; python -m sglang_router.launch_router).
+    sglang_router_image: str = "lmsysorg/sglang-router:v0.3.2"
 
     # --- engine ports --------------------------------------------------------------------------------
     vllm_port: int = 8000  # `vllm serve --port` default (vLLM CLI docs)
