@@ -795,7 +795,7 @@ class ClosedLoop:
 def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float | None, float | None]:
     """User TTFT and ITL at the policy percentile, with the operator's own PromQL and combination
     (disagg.metrics); None when Prometheus has no data for one."""
-    from disagg.metrics.prometheus import PrometheusSignals, combine_ttft
+    from disagg.metrics.prometheus import PrometheusSignals, user_ttft
     from disagg.metrics.queries import QuerySet, build_queries
 
     every = build_queries(
@@ -806,9 +806,9 @@ def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float |
         settings.percentile,
         settings.metric_window_s,
     )
-    wanted = ("ttft_prefill_side", "ttft_decode_side", "itl")
-    signals = PrometheusSignals(prometheus_url).run(QuerySet({k: every[k] for k in wanted}))
-    ttft = combine_ttft(signals.get("ttft_prefill_side"), signals.get("ttft_decode_side"))
+    wanted = ("ttft_router", "ttft_prefill_side", "ttft_decode_side", "itl")
+    signals = PrometheusSignals(prometheus_url).run(QuerySet({k: every[k] for k in wanted if k in every}))
+    ttft = user_ttft(signals)
     itl = signals.get("itl")
     return (ttft.value if ttft.ok else None), (itl.value if itl.ok else None)
 

@@ -167,3 +167,30 @@ def test_relabelling_maps_pod_labels_to_target_labels() -> None:
     ]
     with pytest.raises(ValueError, match="not both"):
         engine_scrape_config(api_server="https://127.0.0.1:6443", kubeconfig_file="/tmp/kc")
+
+
+def test_router_ttft_is_queried_only_where_the_router_exports_one() -> None:
+    sglang = build_queries("sglang", "prod", "llama", 90, 90, 60)
+    router_sel = '{namespace="prod",disagg_deployment="llama",disagg_role="router"}'
+    assert sglang["ttft_router"] == (
+        f"histogram_quantile(0.9, sum by (le) (rate(smg_router_ttft_seconds_bucket{router_sel}[60s])))"
+    )
+    assert "ttft_router" not in build_queries("vllm", "prod", "llama", 90, 90, 60).queries
+
+
+def _pools() -> dict[str, RoleObservation]:
+    return {"prefill": RoleObservation(replicas=1, ready=1), "decode": RoleObservation(replicas=1, ready=1)}
+
+
+def test_user_ttft_prefers_the_router_and_falls_back_to_the_engine_sum() -> None:
+    sides = {
+        "ttft_prefill_side": Measured(0.4, SignalState.OK),
+        "ttft_decode_side": Measured(0.1, SignalState.OK),
+    }
+    with_router = Signals({**sides, "ttft_router": Measured(0.62, SignalState.OK)})
+    assert observation_from_signals(with_router, _pools(), 60, 0.0).ttft == Measured(0.62, SignalState.OK)
+    # the router histogram without observations (NaN) or absent: the sum of the two engine sides
+    for router in (Measured.missing(SignalState.NAN), None):
+        values = dict(sides) if router is None else {**sides, "ttft_router": router}
+        ttft = observation_from_signals(Signals(values), _pools(), 60, 0.0).ttft
+        assert ttft.ok and ttft.value == pytest.approx(0.5)

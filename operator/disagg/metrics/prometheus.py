@@ -6,8 +6,9 @@ observations) is NAN, a pool whose newest sample is older than the metric window
 is ever turned into a zero. A query that fails (Prometheus down, bad PromQL) counts as MISSING for that
 signal and is reported in :attr:`Signals.errors`.
 
-User TTFT = prefill-side TTFT + decode-side TTFT at the policy percentile (see
-:mod:`disagg.metrics.queries` for why); MISSING if either side is.
+User TTFT is the router's own end-to-end TTFT histogram where the router exports one and it has
+observations in the window (:func:`user_ttft`); otherwise prefill-side TTFT + decode-side TTFT at the
+policy percentile (see :mod:`disagg.metrics.queries` for why), MISSING if either side is.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def combine_ttft(prefill_side: Measured, decode_side: Measured) -> Measured:
         if not m.ok:
             return Measured.missing(m.state)
     return MISSING
+
+
+def user_ttft(signals: Signals) -> Measured:
+    """The TTFT users feel: the router's end-to-end measurement when it has one, else the engine sum."""
+    router = signals.get("ttft_router")
+    if router.ok:
+        return router
+    return combine_ttft(signals.get("ttft_prefill_side"), signals.get("ttft_decode_side"))
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,7 @@ def observation_from_signals(
     """Assemble the Observation (pure, given the signals)."""
     prefill = _role(signals, "prefill", pools["prefill"], window_s)
     decode = _role(signals, "decode", pools["decode"], window_s)
-    ttft = combine_ttft(signals.get("ttft_prefill_side"), signals.get("ttft_decode_side"))
+    ttft = user_ttft(signals)
     itl = signals.get("itl")
     stale_p = prefill.running.state is SignalState.STALE
     stale_d = decode.running.state is SignalState.STALE

@@ -34,6 +34,16 @@ Metric names (sources):
   docs/references/production_metrics.md. SGLang has no prefill-time histogram; the prefill pool's
   mean compute time is its mean TTFT less its mean queue time.
 
+Routers (the end-to-end view, preferred when present):
+* sglang-router 0.3.2 exports ``smg_router_ttft_seconds`` (time to first token as the client sees it,
+  router included) and ``smg_router_tpot_seconds`` (strings in the released wheel's
+  ``sglang_router/sglang_router_rs.abi3.so``). When its TTFT histogram has observations in the window,
+  the user TTFT is read from it instead of the sum of the two engine sides. ITL stays the decode engine's
+  inter-token histogram: TPOT is a per-request mean, not the per-token gap the SLO is written on.
+* vllm-router 0.1.17 exports request durations only (``vllm_router_request_duration_seconds``,
+  ``vllm_router_pd_request_duration_seconds``; same source, ``vllm_router_rs.abi3.so``), no TTFT: the
+  engine sum is used.
+
 Where an engine version renamed a metric, the query tries the names in order with PromQL ``or``. Each
 ``engine:name`` is also tried as ``engine_name``: prometheus_client (which vLLM and SGLang use) writes
 the colon as an underscore in its OpenMetrics exposition, the format Prometheus asks for first, so the
@@ -119,11 +129,27 @@ ENGINE_METRICS: dict[Engine, EngineMetrics] = {
 }
 
 
+@dataclass(frozen=True)
+class RouterMetrics:
+    """Metric names of the router deployed in front of one engine; empty when it exports none."""
+
+    ttft: tuple[str, ...] = ()
+
+
+ROUTER_METRICS: dict[Engine, RouterMetrics] = {
+    # vllm-router 0.1.17 has no TTFT histogram (see the module docstring)
+    Engine.VLLM: RouterMetrics(),
+    # sglang-router 0.3.2: sglang_router_rs.abi3.so in the released wheel
+    Engine.SGLANG: RouterMetrics(ttft=("smg_router_ttft_seconds",)),
+}
+ROUTER_ROLE = "router"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def selector(namespace: str, deployment: str, role: Role, labels: TargetLabels = TARGET_LABELS) -> str:
+def selector(namespace: str, deployment: str, role: Role | str, labels: TargetLabels = TARGET_LABELS) -> str:
     """The label matchers of one pool of one deployment."""
     if not namespace or not deployment:
         raise ValueError("selector: namespace and deployment must be non-empty")
@@ -240,6 +266,10 @@ def build_queries(
         "prefill.token_throughput": counter_rate(m.prompt_tokens_total, p, window_s),
         "decode.token_throughput": counter_rate(m.generation_tokens_total, d, window_s),
     }
+    router = ROUTER_METRICS[Engine(engine)]
+    if router.ttft:
+        r = selector(namespace, deployment, ROUTER_ROLE, labels)
+        q["ttft_router"] = histogram_quantile(router.ttft, qt, r, window_s)
     if m.prefill_time:
         q["prefill.compute_time"] = histogram_mean(m.prefill_time, p, window_s)
     else:  # SGLang: mean prefill time = mean TTFT - mean queue time on the prefill pool
