@@ -807,7 +807,9 @@ def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float |
         settings.metric_window_s,
     )
     wanted = ("ttft_router", "ttft_prefill_side", "ttft_decode_side", "itl")
-    signals = PrometheusSignals(prometheus_url).run(QuerySet({k: every[k] for k in wanted if k in every}))
+    signals = PrometheusSignals(prometheus_url).run(
+        QuerySet({k: every[k] for k in wanted if k in every.queries})
+    )
     ttft = user_ttft(signals)
     itl = signals.get("itl")
     return (ttft.value if ttft.ok else None), (itl.value if itl.ok else None)
