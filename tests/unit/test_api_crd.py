@@ -92,7 +92,11 @@ def test_cel_rules_cover_the_cross_field_constraints() -> None:
     rules = [rule for _, node in walk(dd_schema()) for rule in node.get("x-kubernetes-validations", [])]
     messages = " ".join(r["message"] for r in rules)
     for needle in (
-        "SGLang supports only the mooncake and nixl connectors",
+        "spec.kvTransfer.connector: lmcache with vllm: no released router injects LMCache's disagg_spec",
+        "spec.kvTransfer.connector: mooncake with vllm: vllm-router 0.1.17 queries Mooncake bootstrap",
+        "spec.kvTransfer.connector: p2p-nccl with vllm: vLLM 0.33.0 no longer ships P2pNcclConnector",
+        "spec.kvTransfer.connector: lmcache with sglang",
+        "spec.kvTransfer.connector: p2p-nccl with sglang",
         "resources.limits['nvidia.com/gpu'] must equal tensorParallelSize",
         "resources.requests['nvidia.com/gpu'] must equal tensorParallelSize",
         "spec.prefill.replicas must lie within",

@@ -100,7 +100,7 @@ def test_whole_object_with_status_from_the_api_server_validates() -> None:
 
 def test_every_example_is_valid() -> None:
     examples = sorted((ROOT / "examples").glob("*.yaml"))
-    assert len(examples) >= 6
+    assert len(examples) >= 3  # one per accepted engine x connector (tests/golden/test_golden.py)
     for path in examples:
         dd = DisaggregatedDeployment.model_validate(yaml.safe_load(path.read_text()))
         assert dd.name, path

@@ -7,11 +7,9 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.render import (
-    build_connector_configmap,
     build_pdb,
     build_prefill_deployment,
     build_role_service,
@@ -92,19 +90,10 @@ def kv_config(dd: DisaggregatedDeployment, role: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ vLLM
 
 
-@pytest.mark.parametrize(
-    ("connector", "class_name"),
-    [
-        ("nixl", "NixlConnector"),
-        ("mooncake", "MooncakeConnector"),
-        ("lmcache", "LMCacheConnectorV1"),
-        ("p2p-nccl", "P2pNcclConnector"),
-    ],
-)
-def test_vllm_kv_transfer_config_per_connector(connector: str, class_name: str) -> None:
-    dd = make("vllm", connector, kvTransfer={"loadFailurePolicy": "fail"})
+def test_vllm_nixl_kv_transfer_config() -> None:
+    dd = make("vllm", "nixl", kvTransfer={"loadFailurePolicy": "fail"})
     prefill, decode = kv_config(dd, "prefill"), kv_config(dd, "decode")
-    assert prefill["kv_connector"] == decode["kv_connector"] == class_name
+    assert prefill["kv_connector"] == decode["kv_connector"] == "NixlConnector"
     assert (prefill["kv_role"], decode["kv_role"]) == ("kv_producer", "kv_consumer")
     assert prefill["kv_load_failure_policy"] == decode["kv_load_failure_policy"] == "fail"
 
@@ -136,61 +125,11 @@ def test_vllm_nixl_side_channel_uses_pod_ip_and_exposes_port() -> None:
         assert ports(container)["nixl"] == 5700
 
 
-def test_vllm_mooncake_bootstrap_on_prefill_only() -> None:
-    dd = make("vllm", "mooncake")
-    children = children_by_kind_name(dd)
-    prefill, decode = (
-        engine(children[("Deployment", "llm-prefill")]),
-        engine(children[("Deployment", "llm-decode")]),
-    )
-    assert env(prefill)["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998" and ports(prefill)["bootstrap"] == 8998
-    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in env(decode) and "bootstrap" not in ports(decode)
-    annotations = children[("Deployment", "llm-prefill")]["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["sglang.ai/bootstrap-port"] == "8998"
-    headless = children[("Service", "llm-prefill-headless")]
-    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"http": 8000, "bootstrap": 8998}
-
-
-def test_vllm_lmcache_config_files_sender_and_receiver() -> None:
-    dd = make("vllm", "lmcache", kvTransfer={"bufferSize": "1Gi"})
-    sender_map, receiver_map = (
-        build_connector_configmap(dd, "prefill"),
-        build_connector_configmap(dd, "decode"),
-    )
-    assert sender_map is not None and sender_map["metadata"]["name"] == "llm-prefill-lmcache"
-    assert receiver_map is not None and receiver_map["metadata"]["labels"]["disagg.dev/role"] == "decode"
-    sender = yaml.safe_load(sender_map["data"]["lmcache.yaml"])
-    receiver = yaml.safe_load(receiver_map["data"]["lmcache.yaml"])
-    assert sender["enable_pd"] and sender["pd_role"] == "sender"
-    assert (sender["pd_proxy_host"], sender["pd_proxy_port"]) == ("llm-router", 7500)
-    assert receiver["pd_role"] == "receiver" and receiver["pd_buffer_size"] == 2**30
-    assert receiver["pd_peer_init_port"] == [7300, 7301, 7302, 7303]  # one per decode TP rank
-    assert receiver["pd_peer_alloc_port"] == [7400, 7401, 7402, 7403]
-    children = children_by_kind_name(dd)
-    decode = engine(children[("Deployment", "llm-decode")])
-    assert env(decode)["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/lmcache.yaml"
-    assert env(decode)["LMCACHE_PD_PEER_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert {"lmc-init-3", "lmc-alloc-3"} <= set(ports(decode))
-    volumes = {
-        v["name"]: v for v in children[("Deployment", "llm-decode")]["spec"]["template"]["spec"]["volumes"]
-    }
-    assert volumes["lmcache-config"]["configMap"]["name"] == "llm-decode-lmcache"
-    router_ports = {p["name"]: p["port"] for p in children[("Service", "llm-router")]["spec"]["ports"]}
-    assert router_ports["lmc-proxy"] == 7500
-
-
-def test_vllm_p2p_nccl_points_at_the_router_proxy() -> None:
-    dd = make("vllm", "p2p-nccl")
+def test_vllm_pods_carry_no_bootstrap_annotation() -> None:
+    children = children_by_kind_name(make("vllm", "nixl"))
     for role in ("prefill", "decode"):
-        config = kv_config(dd, role)
-        assert config["kv_port"] == "21001"
-        extra = config["kv_connector_extra_config"]
-        assert (extra["proxy_ip"], extra["proxy_port"], extra["http_port"]) == ("llm-router", "30001", "8000")
-        assert extra["http_ip"] == "$(POD_IP)"  # expanded by the kubelet from the env var below
-        container = engine(children_by_kind_name(dd)[("Deployment", f"llm-{role}")])
-        assert env(container)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert kv_config(dd, "decode")["kv_buffer_size"] == float(8 * 2**30)
-    assert build_connector_configmap(dd, "prefill") is None
+        annotations = children[("Deployment", f"llm-{role}")]["spec"]["template"]["metadata"]["annotations"]
+        assert not {"vllm.ai/bootstrap-port", "sglang.ai/bootstrap-port"} & set(annotations)
 
 
 def test_vllm_extra_config_is_merged() -> None:
@@ -276,13 +215,14 @@ def test_sglang_router_pd_mode_with_kubernetes_discovery() -> None:
     i = command.index("--decode-selector")
     assert command[i + 1 : i + 3] == ["disagg.dev/deployment=llm", "disagg.dev/role=decode"]
     assert command[-2:] == ["--policy", "cache_aware"]
-    assert container["image"] == DEFAULT_SETTINGS.sglang_image
+    assert container["image"] == DEFAULT_SETTINGS.sglang_router_image == "lmsysorg/sglang-router:v0.3.2"
+    assert "--kv-connector" not in command
     assert env(container)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_vllm_router_default_and_override() -> None:
     command = build_router_deployment(make("vllm", "nixl"))["spec"]["template"]["spec"]["containers"][0]
-    assert command["image"] == DEFAULT_SETTINGS.vllm_router_image
+    assert command["image"] == DEFAULT_SETTINGS.vllm_router_image == "vllm/vllm-router:v0.1.17"
     assert command["command"][:4] == ["vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl"]
     assert flag(command["command"], "--service-discovery-port") == "8000"
     custom = make(
@@ -321,7 +261,10 @@ def test_pod_basics(engine_type: str) -> None:
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/health"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    readiness = "/health" if engine_type == "vllm" else "/ready"
+    assert container["readinessProbe"]["httpGet"] == {"path": readiness, "port": "http"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["timeoutSeconds"] >= 5, probe
     assert container["ports"][0]["name"] == "http"
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -338,7 +281,7 @@ def test_pod_basics(engine_type: str) -> None:
 
 
 def test_every_child_carries_the_contract_labels_and_no_owner_references() -> None:
-    for child in render_children(make("vllm", "lmcache")):
+    for child in render_children(make("sglang", "mooncake")):
         labels = child["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "llm" and labels["disagg.dev/deployment"] == "llm"
         assert "ownerReferences" not in child["metadata"]
@@ -457,12 +400,8 @@ def test_effective_replicas(enabled: bool, status: dict[str, Any] | None, expect
 
 
 def test_render_settings_ports_are_the_ones_the_api_reserves() -> None:
-    from disagg.api.deployment import ENGINE_POD_PORTS, LMCACHE_PORT_RANGE, ROUTER_POD_PORTS
+    from disagg.api.deployment import ENGINE_POD_PORTS, ROUTER_POD_PORTS
 
     s = DEFAULT_SETTINGS
-    assert {s.vllm_port, s.sglang_port, s.p2p_kv_port} <= set(ENGINE_POD_PORTS)
-    assert (
-        LMCACHE_PORT_RANGE[0] <= s.lmcache_peer_init_port
-        and s.lmcache_peer_alloc_port + 64 <= LMCACHE_PORT_RANGE[1] + 1
-    )
-    assert {s.router_metrics_port, s.lmcache_proxy_port, s.p2p_proxy_port} <= set(ROUTER_POD_PORTS)
+    assert {s.vllm_port, s.sglang_port} <= set(ENGINE_POD_PORTS)
+    assert {s.router_metrics_port} <= set(ROUTER_POD_PORTS)

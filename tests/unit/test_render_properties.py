@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from disagg.api.deployment import ENGINE_CONNECTORS, DisaggregatedDeployment
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.support import SUPPORT_MATRIX
 from disagg.render import effective_replicas, render_children
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -26,12 +27,12 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 names = st.from_regex(r"\A[a-z]([-a-z0-9]{0,44}[a-z0-9])?\Z")
+ACCEPTED = tuple(sorted((c.engine, c.connector) for c in SUPPORT_MATRIX if c.accepted))
 
 
 @st.composite
 def deployments(draw: st.DrawFn) -> DisaggregatedDeployment:
-    engine = draw(st.sampled_from(sorted(ENGINE_CONNECTORS)))
-    connector = draw(st.sampled_from(ENGINE_CONNECTORS[engine]))
+    engine, connector = draw(st.sampled_from(ACCEPTED))
     roles: dict[str, Any] = {}
     for role in ("prefill", "decode"):
         tp = draw(st.sampled_from([1, 2, 4, 8]))
@@ -64,6 +65,11 @@ def deployments(draw: st.DrawFn) -> DisaggregatedDeployment:
             "rdmaDevice": draw(st.sampled_from([None, "mlx5_0"])),
             "bootstrapPort": draw(st.integers(1024, 65535)),
             "sideChannelPort": draw(st.integers(1024, 65535)),
+            "rdma": draw(
+                st.sampled_from(
+                    [None, {}, {"resourceName": "rdma/hca_shared_devices_a", "networks": "ns/ib"}]
+                )
+            ),
         },
         **roles,
         "router": {"replicas": draw(st.integers(0, 3)), "port": draw(st.integers(1, 65535))},

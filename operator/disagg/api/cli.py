@@ -1,4 +1,7 @@
-"""``disagg crds [--out DIR] [--check]``: write the CRDs generated from the models, or check them."""
+"""``disagg crds [--out DIR] [--docs FILE] [--check]``: write what the models generate, or check it.
+
+That is the CRDs, and the support-matrix table of docs/deployment.md (from disagg.api.support).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,17 @@ import sys
 from pathlib import Path
 
 from disagg.api.crd import rendered_files
+from disagg.api.support import with_support_matrix
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("crds"), help="directory of the CRD files (crds)")
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=Path("docs/deployment.md"),
+        help="the page whose support matrix is generated (docs/deployment.md; skipped when absent)",
+    )
     parser.add_argument(
         "--check",
         action="store_true",
@@ -28,6 +38,14 @@ def stale_files(out: Path) -> list[Path]:
     ]
 
 
+def docs_stale(docs: Path) -> bool:
+    """Whether ``docs`` exists and its support-matrix table differs from the one the models generate."""
+    if not docs.is_file():
+        return False
+    text = docs.read_text()
+    return with_support_matrix(text) != text
+
+
 def write_files(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -41,11 +59,15 @@ def write_files(out: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
+    docs: Path = args.docs
     if args.check:
-        stale = stale_files(out)
+        stale = stale_files(out) + ([docs] if docs_stale(docs) else [])
         for path in stale:
-            print(f"stale: {path} (run `disagg crds --out {out}`)", file=sys.stderr)
+            print(f"stale: {path} (run `disagg crds --out {out} --docs {docs}`)", file=sys.stderr)
         return 1 if stale else 0
     for path in write_files(out):
         print(f"wrote {path}")
+    if docs_stale(docs):
+        docs.write_text(with_support_matrix(docs.read_text()))
+        print(f"wrote {docs}")
     return 0

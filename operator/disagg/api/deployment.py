@@ -6,7 +6,7 @@ rule the API server enforces (``x-kubernetes-validations`` in ``json_schema_extr
 validator with the same meaning, so ``disagg render`` rejects what ``kubectl apply`` would, naming the
 field. Pure: pydantic only.
 
-Example (see examples/ for one per engine and KV connector)::
+Example (see examples/ for one per accepted engine and KV connector)::
 
     apiVersion: disagg.dev/v1alpha1
     kind: DisaggregatedDeployment
@@ -43,25 +43,18 @@ from disagg.api.common import (
     SecretKeyRef,
     StringMap,
 )
+from disagg.api.support import Connector, Engine, combination, support_rules
 
 KIND = "DisaggregatedDeployment"
 PLURAL = "disaggregateddeployments"
 SINGULAR = "disaggregateddeployment"
 SHORT_NAMES = ("dd", "disagg")
 
-Engine = Literal["vllm", "sglang"]
-Connector = Literal["nixl", "mooncake", "lmcache", "p2p-nccl"]
 RoleName = Literal["prefill", "decode"]
 ROLE_NAMES: tuple[RoleName, RoleName] = ("prefill", "decode")
 
-# Which KV connectors each engine can use. vLLM: NixlConnector, MooncakeConnector, LMCacheConnectorV1,
-# P2pNcclConnector (vllm/distributed/kv_transfer/kv_connector/factory.py). SGLang:
-# --disaggregation-transfer-backend {mooncake,nixl} (python/sglang/srt/server_args.py; "ascend" and
-# "fake" exist too but are not for GPUs in production).
-ENGINE_CONNECTORS: dict[str, tuple[str, ...]] = {
-    "vllm": ("nixl", "mooncake", "lmcache", "p2p-nccl"),
-    "sglang": ("mooncake", "nixl"),
-}
+# Which engine x KV connector combinations are accepted, and why the others are refused:
+# disagg.api.support.SUPPORT_MATRIX (the CEL rules below and docs/deployment.md are generated from it).
 GPU_RESOURCE = "nvidia.com/gpu"
 # Children append at most "-prefill-headless" (17 characters) to the name, and a Service name must be a
 # DNS-1035 label of at most 63 characters.
@@ -208,21 +201,40 @@ class EngineSpec(ApiModel):
 
 
 # Ports the rendered pods use besides the connector ports a user picks (see disagg.render.settings):
-# engine HTTP (vLLM 8000, SGLang 30000), P2P NCCL kv_port 21001, LMCache receiver ports 7300-7499.
-ENGINE_POD_PORTS = (8000, 30000, 21001)
-LMCACHE_PORT_RANGE = (7300, 7499)
-# Router container ports besides spec.router.port: metrics 29000, LMCache proxy 7500, P2P NCCL proxy 30001.
-ROUTER_POD_PORTS = (29000, 7500, 30001)
-_TAKEN = f"({', '.join(map(str, ENGINE_POD_PORTS))}, {LMCACHE_PORT_RANGE[0]}-{LMCACHE_PORT_RANGE[1]})"
+# engine HTTP (vLLM 8000, SGLang 30000).
+ENGINE_POD_PORTS = (8000, 30000)
+# Router container ports besides spec.router.port: metrics 29000.
+ROUTER_POD_PORTS = (29000,)
+_TAKEN = f"({', '.join(map(str, ENGINE_POD_PORTS))})"
 
 
 def _port_free_rule(expr: str) -> str:
-    low, high = LMCACHE_PORT_RANGE
-    return f"!({expr} in {list(ENGINE_POD_PORTS)}) && ({expr} < {low} || {expr} > {high})"
+    return f"!({expr} in {list(ENGINE_POD_PORTS)})"
 
 
 def _port_taken(port: int) -> bool:
-    return port in ENGINE_POD_PORTS or LMCACHE_PORT_RANGE[0] <= port <= LMCACHE_PORT_RANGE[1]
+    return port in ENGINE_POD_PORTS
+
+
+class RdmaSpec(ApiModel):
+    """The RDMA NIC the KV transfer engine opens: a device-plugin resource, IPC_LOCK, a secondary network."""
+
+    resource_name: str = Field(
+        default="rdma/ib",
+        min_length=1,
+        max_length=253,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Extended resource of the RDMA device plugin, requested and limited on the engine "
+        "container, e.g. rdma/ib or rdma/hca_shared_devices_a.",
+    )
+    count: int = Field(default=1, ge=1, le=64, description="How many of resourceName each engine pod gets.")
+    networks: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Multus secondary networks of the engine pods (the k8s.v1.cni.cncf.io/networks "
+        "annotation), e.g. ns/ib-net or ns/net-a,ns/net-b.",
+    )
 
 
 class KVTransferSpec(ApiModel):
@@ -251,22 +263,28 @@ class KVTransferSpec(ApiModel):
     )
 
     connector: Connector = Field(
-        description="KV connector: nixl, mooncake, lmcache or p2p-nccl for vLLM; mooncake or nixl for SGLang."
+        description="KV connector: nixl for vLLM; mooncake or nixl for SGLang (the API refuses the other "
+        "combinations, naming why: see the support matrix in docs/deployment.md)."
     )
     rdma_device: str | None = Field(
         default=None,
         min_length=1,
         max_length=256,
         pattern=r"^[-_.,:A-Za-z0-9]+$",
-        description="RDMA device(s) to use, e.g. mlx5_0 or mlx5_0,mlx5_1 (SGLang "
-        "--disaggregation-ib-device, Mooncake device_name, UCX_NET_DEVICES for NIXL).",
+        description="RDMA NIC name(s), e.g. mlx5_0 or mlx5_0,mlx5_1 (SGLang --disaggregation-ib-device, "
+        "UCX_NET_DEVICES for vLLM NIXL). The device itself comes from rdma.",
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None,
+        description="Give the engine pods an RDMA device: the device-plugin resource, IPC_LOCK (so the "
+        "transfer engine can pin memory without a memlock limit) and optionally a Multus network.",
     )
     buffer_size: str | None = Field(
         default=None,
         max_length=32,
         pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?$",
-        description="KV transfer buffer size as a quantity, e.g. 8Gi (vLLM kv_buffer_size for p2p-nccl, "
-        "LMCache pd_buffer_size).",
+        description="KV transfer buffer size as a quantity, e.g. 8Gi. No accepted connector uses it at "
+        "present (it sized P2P NCCL and LMCache buffers); kept so existing objects stay valid.",
     )
     load_failure_policy: Literal["recompute", "fail"] = Field(
         default="recompute",
@@ -342,8 +360,10 @@ class RoleSpec(ApiModel):
     env: EnvList = Field(default_factory=list, description="Extra environment variables for this pool only.")
     pod_template: FreeFormObject | None = Field(
         default=None,
-        description="Pod template override ({metadata, spec}) deep-merged over the rendered pod template, "
-        "for what the fields above don't cover. Containers merge by name.",
+        description="Pod template override ({metadata, spec}) merged over the rendered pod template as a "
+        "strategic merge patch would, for what the fields above don't cover: containers, volumes and env "
+        "merge by name, volumeMounts by mountPath, ports by containerPort; a volume or env var of the "
+        "same name is replaced, not merged; other lists are replaced.",
     )
     shutdown_timeout_seconds: int = Field(
         default=60,
@@ -409,7 +429,8 @@ class RouterSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=1024,
-        description="Router image (default: the SGLang image for sglang, the vLLM router for vllm).",
+        description="Router image (default: the pinned release of the router that serves the engine and "
+        "connector: vllm-router for vllm, sglang-router for sglang).",
     )
     args: ArgList = Field(default_factory=list, description="Extra router arguments.")
     env: EnvList = Field(default_factory=list, description="Extra router environment variables.")
@@ -520,11 +541,8 @@ class DisaggregatedDeploymentSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _rule(
-                    "self.engine.type != 'sglang' || self.kvTransfer.connector in ['mooncake', 'nixl']",
-                    "spec.kvTransfer.connector: SGLang supports only the mooncake and nixl connectors",
-                    ".kvTransfer.connector",
-                ),
+                # One rule per refused engine x connector, generated from the support matrix.
+                *support_rules(),
                 _within_bounds_rule("prefill"),
                 _within_bounds_rule("decode"),
                 _rule(
@@ -557,13 +575,9 @@ class DisaggregatedDeploymentSpec(ApiModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Self:
-        allowed = ENGINE_CONNECTORS[self.engine.type]
-        if self.kv_transfer.connector not in allowed:
-            raise ValueError(
-                f"spec.kvTransfer.connector: {self.engine.type} supports only the "
-                f"{' and '.join(allowed) if len(allowed) == 2 else ', '.join(allowed)} connectors, "
-                f"not {self.kv_transfer.connector}"
-            )
+        cell = combination(self.engine.type, self.kv_transfer.connector)
+        if not cell.accepted:
+            raise ValueError(cell.refusal)
         kv = self.kv_transfer
         if kv.bootstrap_port == kv.side_channel_port:
             raise ValueError("spec.kvTransfer.bootstrapPort and spec.kvTransfer.sideChannelPort must differ")
@@ -797,6 +811,7 @@ __all__ = [
     "KVTransferSpec",
     "ModelSource",
     "ModelSpec",
+    "RdmaSpec",
     "ReplicaBounds",
     "RoleName",
     "RoleSpec",

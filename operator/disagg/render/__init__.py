@@ -11,7 +11,6 @@ from typing import Any
 
 from disagg.api.deployment import ROLE_NAMES, DisaggregatedDeployment
 from disagg.render.builders import (
-    build_connector_configmap,
     build_decode_deployment,
     build_engine_pod_template,
     build_pdb,
@@ -52,18 +51,13 @@ def render_children(
     replicas: Mapping[str, int] | None = None,
     settings: RenderSettings = DEFAULT_SETTINGS,
 ) -> list[dict[str, Any]]:
-    """Every child of ``dd``, in apply order (config and RBAC, Services, Deployments, PDBs).
+    """Every child of ``dd``, in apply order (RBAC, Services, Deployments, PDBs).
 
     ``replicas`` overrides the pools' replica counts (e.g. :func:`effective_replicas`); a missing role
     keeps spec.<role>.replicas.
     """
     counts = dict(replicas or {})
-    children: list[dict[str, Any]] = []
-    for role in ROLE_NAMES:
-        configmap = build_connector_configmap(dd, role, settings)
-        if configmap is not None:
-            children.append(configmap)
-    children += build_router_rbac(dd)
+    children: list[dict[str, Any]] = list(build_router_rbac(dd))
     for role in ROLE_NAMES:
         children.append(build_role_service(dd, role, headless=False, settings=settings))
         children.append(build_role_service(dd, role, headless=True, settings=settings))
@@ -78,7 +72,6 @@ def render_children(
 __all__ = [
     "DEFAULT_SETTINGS",
     "RenderSettings",
-    "build_connector_configmap",
     "build_decode_deployment",
     "build_engine_pod_template",
     "build_pdb",

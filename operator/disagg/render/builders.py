@@ -7,38 +7,58 @@ plain dict ready for server-side apply.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
-
-import yaml
 
 from disagg.api.common import EnvVar
 from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
 from disagg.render.engines import (
-    LMCACHE_CONFIG_FILE,
     EngineContainer,
     engine_container,
     engine_image,
+    engine_module,
     engine_port,
-    lmcache_config,
 )
 from disagg.render.names import (
     DEPLOYMENT_LABEL,
     ROLE_LABEL,
     Component,
     child_name,
-    connector_configmap_name,
     headless_name,
     labels,
     selector_labels,
 )
-from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
+from disagg.render.routers import router_module
+from disagg.render.settings import DEFAULT_SETTINGS, Probe, RenderSettings
 
 Obj = dict[str, Any]
 ENGINE_CONTAINER = "engine"
-# Values `vllm-router --kv-connector` accepts for our connectors (vllm-project/router; its Mooncake
-# P/D guide runs `vllm-router --vllm-pd-disaggregation ... --kv-connector mooncake`).
-VLLM_ROUTER_KV_CONNECTORS = ("nixl", "mooncake")
 ROUTER_CONTAINER = "router"
+# Multus reads a pod's secondary networks from this annotation (k8snetworkplumbingwg/multus-cni,
+# docs/how-to-use.md "Launch pod with network annotation").
+MULTUS_NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+# CAP_IPC_LOCK lets the RDMA transfer engine register (pin) memory without a RLIMIT_MEMLOCK limit
+# (mlock(2): "privileged process (CAP_IPC_LOCK) ... not subject to the limit"); Kubernetes has no memlock
+# setting of its own, so the capability is how pods get "unlimited memlock".
+RDMA_CAPABILITIES = ("IPC_LOCK",)
+# Lists a strategic merge patch merges item by item, and the key it matches items on (the
+# patchMergeKey tags of k8s.io/api/core/v1 types.go). Other lists are replaced whole, as SMP does.
+SMP_MERGE_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "containers": "name",
+        "initContainers": "name",
+        "ephemeralContainers": "name",
+        "volumes": "name",
+        "env": "name",
+        "volumeMounts": "mountPath",
+        "ports": "containerPort",
+        "imagePullSecrets": "name",
+    }
+)
+# Lists whose matching items are replaced rather than merged: a Volume is patchStrategy "retainKeys"
+# (a volume source replaced, never two sources), and an env var is exactly one of value / valueFrom.
+SMP_REPLACE_ITEMS = frozenset({"volumes", "env"})
 POD_NAMESPACE_ENV: Obj = {
     "name": "POD_NAMESPACE",
     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -70,32 +90,52 @@ def dedupe_env(env: list[Obj]) -> list[Obj]:
     return result
 
 
-def deep_merge(base: Any, override: Any) -> Any:
-    """``override`` merged over ``base``: dicts recursively, lists of named objects by name, rest replaced."""
+def deep_merge(base: Any, override: Any, key: str | None = None) -> Any:
+    """``override`` merged over ``base`` the way a strategic merge patch merges a pod template.
+
+    Dicts merge recursively; the lists of :data:`SMP_MERGE_KEYS` merge item by item on their merge key
+    (an item of the same key merged, or replaced for :data:`SMP_REPLACE_ITEMS`; new ones appended);
+    every other value, lists included, is replaced. ``key`` is the field ``base`` is the value of.
+    """
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
-        for key, value in override.items():
-            merged[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
+        for name, value in override.items():
+            merged[name] = deep_merge(base[name], value, name) if name in base else copy.deepcopy(value)
         return merged
-    if isinstance(base, list) and isinstance(override, list) and _named(base) and _named(override):
+    merge_key = SMP_MERGE_KEYS.get(key or "")
+    if (
+        merge_key is not None
+        and isinstance(base, list)
+        and isinstance(override, list)
+        and _keyed(base, merge_key)
+        and _keyed(override, merge_key)
+    ):
         result = [copy.deepcopy(item) for item in base]
-        index = {item["name"]: i for i, item in enumerate(result)}
+        index = {item[merge_key]: i for i, item in enumerate(result)}
         for item in override:
-            if item["name"] in index:
-                result[index[item["name"]]] = deep_merge(result[index[item["name"]]], item)
-            else:
+            at = index.get(item[merge_key])
+            if at is None:
+                index[item[merge_key]] = len(result)
                 result.append(copy.deepcopy(item))
+            elif key in SMP_REPLACE_ITEMS:
+                result[at] = copy.deepcopy(item)
+            else:
+                result[at] = deep_merge(result[at], item)
         return result
     return copy.deepcopy(override)
 
 
-def _named(items: list[Any]) -> bool:
-    return all(isinstance(item, dict) and isinstance(item.get("name"), str) for item in items)
+def _keyed(items: list[Any], merge_key: str) -> bool:
+    return all(isinstance(item, dict) and item.get(merge_key) is not None for item in items)
 
 
-def _health_check() -> Obj:
-    """Engines answer GET /health with 200 once the model is loaded (vLLM and SGLang HTTP servers)."""
-    return {"path": "/health", "port": "http"}
+def _http_probe(probe: Probe, period: int, failures: int) -> Obj:
+    return {
+        "httpGet": {"path": probe.path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": probe.timeout_seconds,
+        "failureThreshold": failures,
+    }
 
 
 def _quantities(values: dict[str, Any]) -> dict[str, str]:
@@ -104,13 +144,18 @@ def _quantities(values: dict[str, Any]) -> dict[str, str]:
 
 
 def engine_resources(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
-    """The role's resources with nvidia.com/gpu = GPUs per replica in both requests and limits."""
+    """The role's resources with nvidia.com/gpu = GPUs per replica in both requests and limits, and the
+    RDMA device-plugin resource when spec.kvTransfer.rdma is set (extended resources need both)."""
     role_spec = dd.spec.role(role)
     given = role_spec.resources.to_api() if role_spec.resources else {}
     requests = _quantities(given.get("requests", {}))
     limits = _quantities(given.get("limits", {}))
     requests[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
     limits[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
+    rdma = dd.spec.kv_transfer.rdma
+    if rdma is not None:
+        requests[rdma.resource_name] = str(rdma.count)
+        limits[rdma.resource_name] = str(rdma.count)
     return {"requests": requests, "limits": limits}
 
 
@@ -122,6 +167,8 @@ def build_engine_pod_template(
 ) -> Obj:
     """The pod template of one pool: engine container, probes, graceful drain, /dev/shm, placement."""
     role_spec = dd.spec.role(role)
+    module = engine_module(dd)
+    probes = module.probes(settings)
     engine: EngineContainer = engine_container(dd, role, settings)
     port = engine.http_port
     annotations = {
@@ -130,6 +177,9 @@ def build_engine_pod_template(
         "prometheus.io/path": "/metrics",
         **engine.annotations,
     }
+    rdma = dd.spec.kv_transfer.rdma
+    if rdma is not None and rdma.networks:
+        annotations[MULTUS_NETWORKS_ANNOTATION] = rdma.networks
     container: Obj = {
         "name": ENGINE_CONTAINER,
         "image": engine_image(dd, settings),
@@ -138,27 +188,24 @@ def build_engine_pod_template(
         "env": dedupe_env([POD_NAMESPACE_ENV, *engine.env, *_env(dd.spec.engine.env), *_env(role_spec.env)]),
         "ports": engine.ports,
         "resources": engine_resources(dd, role),
-        "startupProbe": {
-            "httpGet": _health_check(),
-            "periodSeconds": settings.startup_period_seconds,
-            "failureThreshold": max(1, role_spec.startup_timeout_seconds // settings.startup_period_seconds),
-        },
-        "readinessProbe": {
-            "httpGet": _health_check(),
-            "periodSeconds": settings.readiness_period_seconds,
-            "failureThreshold": settings.readiness_failure_threshold,
-        },
-        "livenessProbe": {
-            "httpGet": _health_check(),
-            "periodSeconds": settings.liveness_period_seconds,
-            "failureThreshold": settings.liveness_failure_threshold,
-            "timeoutSeconds": 5,
-        },
+        "startupProbe": _http_probe(
+            probes.startup,
+            settings.startup_period_seconds,
+            max(1, role_spec.startup_timeout_seconds // settings.startup_period_seconds),
+        ),
+        "readinessProbe": _http_probe(
+            probes.readiness, settings.readiness_period_seconds, settings.readiness_failure_threshold
+        ),
+        "livenessProbe": _http_probe(
+            probes.liveness, settings.liveness_period_seconds, settings.liveness_failure_threshold
+        ),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(role_spec.pre_stop_sleep_seconds)]}}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *engine.volume_mounts],
     }
     if dd.spec.engine.image_pull_policy:
         container["imagePullPolicy"] = dd.spec.engine.image_pull_policy
+    if rdma is not None:
+        container["securityContext"] = {"capabilities": {"add": list(RDMA_CAPABILITIES)}}
     pod_spec: Obj = {
         # Service links would inject e.g. VLLM_PORT for a Service named "vllm" and break the engine.
         "enableServiceLinks": False,
@@ -167,7 +214,7 @@ def build_engine_pod_template(
         + settings.grace_margin_seconds,
         "containers": [container],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": module.shm_size(settings)}},
             *engine.volumes,
         ],
     }
@@ -257,27 +304,12 @@ def build_pdb(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
     }
 
 
-def build_connector_configmap(
-    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings = DEFAULT_SETTINGS
-) -> Obj | None:
-    """Files one pool's connector reads (LMCache: the sender or receiver configuration); None when the
-    connector needs none."""
-    if dd.spec.kv_transfer.connector != "lmcache":
-        return None
-    data = {LMCACHE_CONFIG_FILE: yaml.safe_dump(lmcache_config(dd, role, settings), sort_keys=True)}
-    meta = _metadata(dd, connector_configmap_name(dd.name, role, "lmcache"), role)
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-
-
 # --------------------------------------------------------------------------------------------- router
 
 
 def router_image(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> str:
-    if dd.spec.router.image:
-        return dd.spec.router.image
-    if dd.spec.engine.type == "sglang":
-        return dd.spec.engine.image or settings.sglang_image
-    return settings.vllm_router_image
+    """spec.router.image, else the pinned release of the router that serves the combination."""
+    return dd.spec.router.image or router_module(dd).image(settings)
 
 
 def _selector_args(dd: DisaggregatedDeployment, role: RoleName) -> list[str]:
@@ -288,17 +320,15 @@ def router_command(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAU
     """The router's command line: PD mode with Kubernetes service discovery of both pools.
 
     SGLang: ``python3 -m sglang_router.launch_router --pd-disaggregation --service-discovery ...``
-    (sgl-router launch_router.py). vLLM: ``vllm-router --vllm-pd-disaggregation --service-discovery ...``
-    (github.com/vllm-project/router, same discovery flags). The namespace comes from the downward API
-    ($(POD_NAMESPACE) is expanded by the kubelet).
+    (sglang_router 0.3.2 router_args.py). vLLM: ``vllm-router --vllm-pd-disaggregation --kv-connector C
+    --service-discovery ...`` (vllm_router 0.1.17 router_args.py, same discovery flags). The namespace
+    comes from the downward API ($(POD_NAMESPACE) is expanded by the kubelet).
     """
-    if dd.spec.engine.type == "sglang":
-        head = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
-    else:
-        head = ["vllm-router", "--vllm-pd-disaggregation"]
-        connector = dd.spec.kv_transfer.connector
-        if connector in VLLM_ROUTER_KV_CONNECTORS:
-            head += ["--kv-connector", connector]
+    router = router_module(dd)
+    head = list(router.command_head)
+    connector = dd.spec.kv_transfer.connector
+    if connector in router.kv_connector_values:
+        head += ["--kv-connector", connector]
     return [
         *head,
         "--host",
@@ -323,17 +353,11 @@ def router_command(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAU
 
 
 def router_ports(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> list[Obj]:
-    """Router container ports: http, metrics, and what a connector's proxy protocol needs."""
-    ports = [
+    """Router container ports: http and metrics."""
+    return [
         {"name": "http", "containerPort": dd.spec.router.port, "protocol": "TCP"},
         {"name": "metrics", "containerPort": settings.router_metrics_port, "protocol": "TCP"},
     ]
-    connector = dd.spec.kv_transfer.connector
-    if dd.spec.engine.type == "vllm" and connector == "lmcache":
-        ports.append({"name": "lmc-proxy", "containerPort": settings.lmcache_proxy_port, "protocol": "TCP"})
-    if dd.spec.engine.type == "vllm" and connector == "p2p-nccl":
-        ports.append({"name": "p2p-proxy", "containerPort": settings.p2p_proxy_port, "protocol": "TCP"})
-    return ports
 
 
 def build_router_deployment(
@@ -352,12 +376,8 @@ def build_router_deployment(
         "env": dedupe_env([POD_NAMESPACE_ENV, *_env(router.env)]),
         "ports": router_ports(dd, settings),
         "resources": resources,
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 15,
-            "failureThreshold": 4,
-        },
+        "readinessProbe": _http_probe(settings.router_probes.readiness, 5, 3),
+        "livenessProbe": _http_probe(settings.router_probes.liveness, 15, 4),
     }
     pod_spec: Obj = {
         "serviceAccountName": child_name(dd.name, "router"),

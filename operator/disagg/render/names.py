@@ -24,11 +24,6 @@ def headless_name(dd_name: str, component: Component) -> str:
     return f"{dd_name}-{component}-headless"
 
 
-def connector_configmap_name(dd_name: str, component: Component, connector: str) -> str:
-    """``NAME-ROLE-CONNECTOR``, e.g. ``llama-prefill-lmcache`` (at most 46 + 17 characters)."""
-    return f"{dd_name}-{component}-{connector}"
-
-
 def selector_labels(dd_name: str, component: Component) -> dict[str, str]:
     """The immutable Deployment selector: which pods belong to one pool."""
     return {

@@ -10,6 +10,31 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Probe:
+    """One HTTP probe: the path and how long the kubelet waits for an answer."""
+
+    path: str
+    timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class EngineProbes:
+    """An engine's startup, readiness and liveness probes."""
+
+    startup: Probe
+    readiness: Probe
+    liveness: Probe
+
+
+@dataclass(frozen=True)
+class RouterProbes:
+    """A router's readiness and liveness probes."""
+
+    readiness: Probe
+    liveness: Probe
+
+
+@dataclass(frozen=True)
 class RenderSettings:
     # --- images (spec.engine.image / spec.router.image override them) ---------------------------------
     # Pinned to current releases, never `latest`; the tag is the PyPI version the conformance test reads
@@ -24,21 +49,38 @@ class RenderSettings:
     # --- engine ports --------------------------------------------------------------------------------
     vllm_port: int = 8000  # `vllm serve --port` default (vLLM CLI docs)
     sglang_port: int = 30000  # `sglang.launch_server --port` default (sglang server_args.py)
-    # LMCache PD: the sender notifies the proxy at pd_proxy_port; the receiver listens on one init and
-    # one alloc port per TP rank (LMCache docs, "Disaggregated prefill" configuration table).
-    lmcache_proxy_port: int = 7500
-    lmcache_peer_init_port: int = 7300
-    lmcache_peer_alloc_port: int = 7400
-    lmcache_buffer_bytes: int = 2 * 1024**3
-    # P2pNcclConnector: each instance's NCCL port (kv_port) and the proxy's ZMQ registration port
-    # (vLLM examples/online_serving/disaggregated_serving_p2p_nccl_xpyd).
-    p2p_kv_port: int = 21001
-    p2p_proxy_port: int = 30001
-    p2p_buffer_bytes: int = 8 * 1024**3
     router_metrics_port: int = 29000  # sglang_router --prometheus-port default
 
+    # --- probes (per engine) -------------------------------------------------------------------------
+    # vLLM: GET /health awaits engine_client.check_health(), a check of the engine-core's state that
+    # answers at once (200, or 503 once the engine is dead) (vllm 0.33.0 wheel,
+    # vllm/entrypoints/serve/instrumentator/health.py). A busy API server can still be slow: 5 s.
+    vllm_probes: EngineProbes = EngineProbes(
+        startup=Probe("/health", 5), readiness=Probe("/health", 5), liveness=Probe("/health", 10)
+    )
+    # SGLang: GET /health runs a one-token generation and polls for its answer every second, sleeping 1 s
+    # before the first look, for up to SGLANG_HEALTH_CHECK_TIMEOUT (default 20 s) before a 503 (sglang
+    # 0.5.23 wheel, sglang/srt/entrypoints/http_server.py health_generate, HEALTH_CHECK_TIMEOUT): a probe
+    # on it needs more than 20 s. GET /ready is a flag check (not paused, warm-up done, not shutting
+    # down; same file, ready() -> tokenizer_manager.is_ready()), the right signal for readiness every
+    # 5 s; startup and liveness use /health so a wedged scheduler is caught.
+    sglang_probes: EngineProbes = EngineProbes(
+        startup=Probe("/health", 25), readiness=Probe("/ready", 5), liveness=Probe("/health", 25)
+    )
+    # Routers: both serve /liveness (the process answers, whatever the workers do) and /readiness
+    # (workers are available): strings of vllm_router_rs.abi3.so 0.1.17 and sglang_router_rs.abi3.so
+    # 0.3.2 in their wheels. /health is not used: it can fail when one engine is unhealthy, which must
+    # not restart every router at once.
+    router_probes: RouterProbes = RouterProbes(
+        readiness=Probe("/readiness", 5), liveness=Probe("/liveness", 5)
+    )
+
     # --- pods ----------------------------------------------------------------------------------------
-    shm_size: str = "16Gi"  # NCCL and engine worker IPC use /dev/shm; the container default is 64Mi.
+    # /dev/shm: NCCL and the engines' worker IPC use it; a container's default is 64Mi. vLLM's docs run
+    # its image with --ipc=host or a large --shm-size (docs.vllm.ai "Using Docker"); SGLang's run theirs
+    # with --shm-size 32g (docs.sglang.ai "Install SGLang", Docker).
+    vllm_shm_size: str = "16Gi"
+    sglang_shm_size: str = "32Gi"
     model_mount_path: str = "/models"
     startup_period_seconds: int = 10
     readiness_period_seconds: int = 5

@@ -1,0 +1,31 @@
+"""LMCache: refused with every engine. Pure.
+
+vLLM 0.33.0 ships LMCacheConnectorV1, but LMCache's prefill side sends KV only for requests the proxy
+tagged with ``disagg_spec`` (lmcache 0.5.6 lmcache/integration/vllm/vllm_v1_adapter.py), and no
+released router injects it (disagg.api.support); SGLang has no lmcache transfer backend. The API
+refuses both combinations, so this module renders nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disagg.api.deployment import DisaggregatedDeployment, RoleName
+from disagg.api.support import Connector, Engine
+from disagg.render.connectors.base import Wiring, refuse
+from disagg.render.settings import RenderSettings
+
+VLLM_CONNECTOR = "LMCacheConnectorV1"  # vllm 0.33.0 kv_connector/factory.py (refused: see above)
+
+
+@dataclass(frozen=True)
+class LMCache:
+    connector: Connector = "lmcache"
+
+    def wiring(
+        self, engine: Engine, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
+    ) -> Wiring:
+        refuse(engine, self.connector)
+
+
+CONNECTOR = LMCache()
