@@ -22,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("disagg.twin.cli_simulate", "replay a trace through the serving twin"),
     "twin": ("disagg.twin.cli", "the live twin: emulated engines with vLLM/SGLang metrics and APIs"),
     "demo": ("disagg.demo", "the closed-loop demo on the local control plane"),
+    "conformance": (
+        "disagg.conformance.cli",
+        "check what a DisaggregatedDeployment renders against the released engines and routers",
+    ),
 }
 
 
