@@ -3,6 +3,7 @@ the local apiserver with kubernetes_sd_configs (what the e2e uses to find engine
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from disagg.cluster.local import ClusterInfo, free_ports
-from disagg.cluster.prometheus import SCRAPE_ADDRESS_ANNOTATION, PrometheusProcess, kubernetes_pod_sd_config
+from disagg.cluster.prometheus import PrometheusProcess, kubernetes_pod_sd_config
 from disagg.cluster.wait import wait_for
 
 StartPrometheus = Callable[[dict[str, Any]], PrometheusProcess]
@@ -59,15 +60,11 @@ def test_prometheus_scrapes_a_static_target(
 
 
 def test_prometheus_discovers_annotated_pods_through_the_apiserver(
-    cluster: ClusterInfo,
-    k8s_api: Any,
-    namespace: str,
-    prometheus_factory: StartPrometheus,
-    metrics_endpoint: tuple[str, Gauge],
+    cluster: ClusterInfo, k8s_api: Any, namespace: str, prometheus_factory: StartPrometheus
 ) -> None:
-    address, gauge = metrics_endpoint
-    gauge.set(3)
+    """kwok gives each pod its own IP out of 127.0.0.0/8; Prometheus scrapes pod IP and annotated port."""
     core = client.CoreV1Api(k8s_api)
+    (port,) = free_ports(1)
 
     def pod(name: str, scrape: str) -> client.V1Pod:
         return client.V1Pod(
@@ -76,9 +73,8 @@ def test_prometheus_discovers_annotated_pods_through_the_apiserver(
                 labels={"disagg.dev/role": "decode", "disagg.dev/deployment": "llama"},
                 annotations={
                     "prometheus.io/scrape": scrape,
-                    "prometheus.io/port": address.rsplit(":", 1)[1],
+                    "prometheus.io/port": str(port),
                     "prometheus.io/path": "/metrics",
-                    SCRAPE_ADDRESS_ANNOTATION: address,
                 },
             ),
             spec=client.V1PodSpec(
@@ -87,7 +83,7 @@ def test_prometheus_discovers_annotated_pods_through_the_apiserver(
                     client.V1Container(
                         name="engine",
                         image="engine",
-                        ports=[client.V1ContainerPort(name="http", container_port=8000)],
+                        ports=[client.V1ContainerPort(name="http", container_port=port)],
                     )
                 ],
             ),
@@ -95,6 +91,33 @@ def test_prometheus_discovers_annotated_pods_through_the_apiserver(
 
     core.create_namespaced_pod(namespace, pod("decode-0", "true"))
     core.create_namespaced_pod(namespace, pod("not-scraped", "false"))
+
+    def pod_ips() -> list[str] | None:
+        ips = [core.read_namespaced_pod(n, namespace).status.pod_ip for n in ("decode-0", "not-scraped")]
+        return ips if all(ips) else None
+
+    ips = wait_for(pod_ips, what="kwok to give both pods an IP")
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") for ip in ips), ips
+    with _exposition(ips[0], port) as gauge:
+        gauge.set(3)
+        _scrape_discovered(cluster, namespace, prometheus_factory)
+
+
+@contextlib.contextmanager
+def _exposition(host: str, port: int) -> Iterator[Gauge]:
+    """The one-gauge /metrics endpoint, listening on ``host`` (a pod's IP)."""
+    registry = CollectorRegistry()
+    gauge = Gauge("disagg_test_queue_depth", "a gauge the test sets", registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        yield gauge
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _scrape_discovered(cluster: ClusterInfo, namespace: str, prometheus_factory: StartPrometheus) -> None:
     prom = prometheus_factory(
         {
             "global": {"scrape_interval": "1s"},

@@ -1,7 +1,9 @@
-"""The Prometheus adapter against a real Prometheus scraping vLLM-named metrics served on 127.0.0.1.
+"""The Prometheus adapter against a real Prometheus scraping vLLM-named metrics served on loopback.
 
 Two expositions stand for a prefill and a decode engine pod; the scrape job attaches the target labels
-the relabelling would attach to such pods (namespace, pod, disagg_deployment, disagg_role).
+the relabelling would attach to such pods (namespace, pod, disagg_deployment, disagg_role). With the
+local cluster, the expositions listen on the pods' own IPs (kwok hands them out of 127.0.0.0/8) at the
+engine port, and the relabelling finds them exactly as it finds engines on a real cluster.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ POOLS = {"prefill": RoleObservation(replicas=1, ready=1), "decode": RoleObservat
 
 
 class Engine:
-    """A few vLLM metrics in a private registry, served over HTTP on 127.0.0.1."""
+    """A few vLLM metrics in a private registry, served over HTTP on a loopback address."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         # names: vllm-project/vllm docs/design/metrics.md
@@ -40,7 +42,7 @@ class Engine:
         self.output = Histogram("vllm:request_generation_tokens", "output", buckets=TOKEN_BUCKETS, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "waiting", registry=r)
         self.running = Gauge("vllm:num_requests_running", "running", registry=r)
-        server, thread = start_http_server(0, addr="127.0.0.1", registry=r)
+        server, thread = start_http_server(port, addr=host, registry=r)
         self.server, self.thread = server, thread
         self.port = int(server.server_port)
 
@@ -154,9 +156,11 @@ def test_unreachable_prometheus_is_missing_with_the_error_kept() -> None:
     assert raw.errors and all("Error" in e or "error" in e for e in raw.errors.values())
 
 
-def engine_pod(name: str, role: str, port: int) -> dict[str, Any]:
-    """An engine pod as the renderer labels and annotates it; the live twin's scrape-address annotation
-    points Prometheus at the in-test exposition (a kwok pod's IP is not routable)."""
+ENGINE_PORT = 8000  # vLLM's
+
+
+def engine_pod(name: str, role: str, port: int = ENGINE_PORT) -> dict[str, Any]:
+    """An engine pod as the renderer labels and annotates it; the in-test exposition listens on its IP."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -171,13 +175,12 @@ def engine_pod(name: str, role: str, port: int) -> dict[str, Any]:
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(port),
                 "prometheus.io/path": "/metrics",
-                "disagg.dev/scrape-address": f"127.0.0.1:{port}",
             },
         },
         "spec": {
             "nodeSelector": {"type": "kwok"},
             "containers": [
-                {"name": "engine", "image": "engine", "ports": [{"name": "http", "containerPort": 8000}]}
+                {"name": "engine", "image": "engine", "ports": [{"name": "http", "containerPort": port}]}
             ],
         },
     }
@@ -188,15 +191,38 @@ def test_relabelling_finds_engine_pods_through_the_apiserver(
     k8s_api: Any,
     namespace: str,
     prometheus_factory: Callable[[dict[str, Any]], Any],
-    engines: dict[str, Engine],
 ) -> None:
     from kubernetes import client
 
-    from disagg.metrics.relabel import engine_scrape_config
+    from disagg.cluster.wait import wait_for
 
     core = client.CoreV1Api(k8s_api)
-    for role, engine in engines.items():
-        core.create_namespaced_pod(namespace, engine_pod(f"llama-{role}-0", role, engine.port))
+    roles = ("prefill", "decode")
+    for role in roles:
+        core.create_namespaced_pod(namespace, engine_pod(f"llama-{role}-0", role))
+
+    def pod_ips() -> dict[str, str] | None:
+        ips = {r: core.read_namespaced_pod(f"llama-{r}-0", namespace).status.pod_ip for r in roles}
+        return ips if all(ips.values()) else None
+
+    ips = wait_for(pod_ips, what="kwok to give both pods an IP")
+    assert len(set(ips.values())) == 2 and all(ip.startswith("127.") for ip in ips.values()), ips
+    engines = {role: Engine(ips[role], ENGINE_PORT) for role in roles}  # each on its pod's own IP
+    try:
+        _observe_through_relabelling(kubeconfig, namespace, prometheus_factory, engines)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def _observe_through_relabelling(
+    kubeconfig: Any,
+    namespace: str,
+    prometheus_factory: Callable[[dict[str, Any]], Any],
+    engines: dict[str, Engine],
+) -> None:
+    from disagg.metrics.relabel import engine_scrape_config
+
     job = engine_scrape_config(kubeconfig_file=str(kubeconfig), namespaces=[namespace], scrape_interval_s=1)
     prom = prometheus_factory({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]})
     engines["prefill"].waiting.set(5)

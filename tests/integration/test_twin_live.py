@@ -87,8 +87,12 @@ def test_one_request_through_prefill_and_decode_with_the_nixl_handshake() -> Non
                 params = first["kv_transfer_params"]
                 assert params["do_remote_prefill"] is True
                 assert params["remote_engine_id"] == "p-0"
-                assert f"{params['remote_host']}:{params['remote_port']}" == prefill
-                assert len(params["remote_block_ids"]) == 3000 // 16
+                prefill_server = pool.pods["p-0"].server
+                assert prefill_server is not None
+                # the prefill's side channel (its own port, as VLLM_NIXL_SIDE_CHANNEL_PORT)
+                assert params["remote_host"] == prefill.rpartition(":")[0]
+                assert params["remote_port"] == prefill_server.side_channel_port
+                assert [len(g) for g in params["remote_block_ids"]] == [-(-3000 // 16)]  # one group
                 assert first["usage"] == {"prompt_tokens": 3000, "completion_tokens": 1, "total_tokens": 3001}
 
                 to_decode = {**ask, "stream": True, "kv_transfer_params": params}
@@ -99,6 +103,11 @@ def test_one_request_through_prefill_and_decode_with_the_nixl_handshake() -> Non
                 texts = [c["choices"][0]["text"] for c in chunks if c["choices"][0]["text"]]
                 assert done and len(texts) == 12
                 assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+                decode_server = pool.pods["d-0"].server
+                assert decode_server is not None
+                (seen,) = decode_server.engine.transfers
+                assert seen.outcome == "kv-loaded" and seen.received == params
+                assert not prefill_server.engine.held  # the decode engine read (and freed) the blocks
 
                 async with http.get(f"http://{decode}/metrics") as r:
                     decode_metrics = await r.text()
@@ -140,7 +149,10 @@ def test_sglang_pods_pair_through_the_bootstrap_room() -> None:
         }
         pool = await _fixed_pool(specs, 0.5)
         proxy = ToyPDProxy(
-            lambda: pool.endpoints("prefill"), lambda: pool.endpoints("decode"), handshake="bootstrap"
+            lambda: pool.endpoints("prefill"),
+            lambda: pool.endpoints("decode"),
+            handshake="bootstrap",
+            bootstrap_port=pool.side_channel_port,
         )
         await proxy.start()
         try:

@@ -1,8 +1,10 @@
 """The live twin following pods on the local control plane (real kube-apiserver, scheduler, kwok).
 
-Each Running pod of a Deployment with the contract labels gets an emulated engine after its start-up
-delay and the endpoint annotation; a real Prometheus finds the engines through kubernetes_sd (role pod)
-and scrapes them; a scaled-down pod is drained and its endpoint closed.
+Each Running pod of a Deployment with the contract labels gets an emulated engine, on the pod's own IP
+(kwok hands them out of 127.0.0.0/8) at the engine port, after its start-up delay, and the endpoint
+annotation; a real Prometheus finds the engines through kubernetes_sd (role pod) at the pod IP and
+scrapes them; a scaled-down pod is drained and its endpoint closed; a replaced pod's IP is not reused
+while its engine still serves.
 """
 
 from __future__ import annotations
@@ -217,3 +219,69 @@ def test_twin_serve_follows_a_deployment_and_proxies_through_its_pods(
         code = process.wait(timeout=30)
         log.close()
     assert code == 0
+
+
+def test_a_replaced_pods_ip_stays_its_own_until_its_engine_has_closed(k8s_api: Any, namespace: str) -> None:
+    """kwok recycles a deleted pod's IP at once; the twin's finalizer keeps the Terminating pod (and its
+    IP) while the engine serves out its preStop sleep and drains, so no two pods ever share an address."""
+    from kubernetes import client
+
+    from disagg.twin.live.follower import ENGINE_FINALIZER
+
+    apps: Any = client.AppsV1Api(k8s_api)
+    core: Any = client.CoreV1Api(k8s_api)
+    deployment = _decode_deployment("dd-decode", 1)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "2"]}}}
+    apps.create_namespaced_deployment(namespace, deployment)
+
+    def pods() -> dict[str, Any]:
+        return {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+
+    async def scenario() -> None:
+        pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5)))
+        follower = PodFollower(
+            k8s_api, namespace, "dd", pool, Overrides(), Defaults(model="llama-3.1-8b"), watch_timeout_s=5
+        )
+        follower.start()
+        try:
+
+            async def serving() -> list[str]:
+                return [n for n, p in pool.pods.items() if p.state == "serving"]
+
+            (old,) = await _eventually(serving, 90, "the pod served")
+            first = (await asyncio.to_thread(pods))[old]
+            old_ip = first.status.pod_ip
+            assert old_ip.startswith("127.") and old_ip != "127.0.0.1"
+            assert ENGINE_FINALIZER in (first.metadata.finalizers or [])
+            assert pool.pods[old].server is not None and pool.pods[old].server.endpoint == f"{old_ip}:8000"
+            await asyncio.to_thread(core.delete_namespaced_pod, old, namespace)  # the ReplicaSet replaces it
+
+            async def replaced() -> tuple[str, str] | None:
+                now = await asyncio.to_thread(pods)
+                new = [n for n, p in now.items() if n != old and p.status.pod_ip]
+                return (new[0], now[new[0]].status.pod_ip) if new and old in now else None
+
+            new, new_ip = await _eventually(replaced, 60, "a replacement while the old pod terminates")
+            assert new_ip != old_ip  # the old pod, Terminating, still holds its IP
+
+            async def old_gone() -> bool:
+                return old not in await asyncio.to_thread(pods)
+
+            await _eventually(old_gone, 60, "the old pod to go once its engine closed")
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with aiohttp.ClientSession() as http, http.get(f"http://{old_ip}:8000/health"):
+                    pass
+
+            async def new_serving() -> bool:
+                pod = pool.pods.get(new)
+                return pod is not None and pod.state == "serving"
+
+            await _eventually(new_serving, 60, "the replacement served on its own IP")
+            assert pool.pods[new].server is not None and pool.pods[new].server.endpoint == f"{new_ip}:8000"
+        finally:
+            await follower.stop()
+            await pool.close()
+        assert all(ENGINE_FINALIZER not in (p.metadata.finalizers or []) for p in pods().values())
+
+    asyncio.run(scenario())

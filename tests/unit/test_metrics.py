@@ -158,9 +158,16 @@ def test_relabelling_maps_pod_labels_to_target_labels() -> None:
     assert targets["namespace"] == ["__meta_kubernetes_namespace"]
     assert targets["pod"] == ["__meta_kubernetes_pod_name"]
     addresses = [r["source_labels"] for r in rules if r.get("target_label") == "__address__"]
-    assert addresses[-1] == ["__meta_kubernetes_pod_annotation_disagg_dev_scrape_address"]  # wins
+    # the pod IP and the annotated port, as on any cluster (no twin-specific address rule)
+    assert addresses == [["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"]]
     keep = [r for r in rules if r.get("action") == "keep"]
     assert keep[0]["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    # engines and routers (the router's own TTFT histogram is preferred where it exports one)
+    assert keep[1] == {
+        "source_labels": ["__meta_kubernetes_pod_label_disagg_dev_role"],
+        "action": "keep",
+        "regex": "prefill|decode|router",
+    }
     job = engine_scrape_config(kubeconfig_file="/tmp/kc", namespaces=["a"])
     assert job["kubernetes_sd_configs"] == [
         {"role": "pod", "kubeconfig_file": "/tmp/kc", "namespaces": {"names": ["a"]}}

@@ -90,30 +90,51 @@ def test_kv_capacity_queues_requests_until_blocks_free() -> None:
     assert engine.core.kv_used == 0
 
 
+# What vllm-router 0.1.17 sends a prefill engine (vllm-project/router src/routers/http/vllm_pd_router.rs,
+# build_prefill_kv_transfer_params for NIXL).
+ROUTER_PREFILL_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
 def test_prefill_with_remote_decode_answers_the_nixl_handshake() -> None:
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> tuple[LiveEngine, dict[str, Any]]:
         engine = _engine()
         engine.start()
-        request = engine.submit(100, 50, {"do_remote_decode": True, "do_remote_prefill": False})
+        request = engine.submit(100, 50, ROUTER_PREFILL_PARAMS, request_id="r-1")
         events = [e async for e in engine.stream(request)]
         await engine.stop()
         assert [e.finish_reason for e in events] == [None, "length"]  # max_tokens forced to 1
         assert events[-1].kv_transfer_params is not None
-        return dict(events[-1].kv_transfer_params)
+        return engine, dict(events[-1].kv_transfer_params)
 
-    params = asyncio.run(scenario())
+    engine, params = asyncio.run(scenario())
+    # vllm 0.33.0 NixlConnector request_finished's fields
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
-    assert params["remote_engine_id"] == "pod-0"
+    assert params["remote_engine_id"] == "pod-0" and params["remote_request_id"] == "r-1"
     assert params["remote_host"] == "127.0.0.1" and params["remote_port"] == 8000
-    assert len(params["remote_block_ids"]) == 100 // 16  # full blocks only
-    assert parse_kv_transfer_params(params)[1] is not None  # a decode engine accepts them
+    assert params["remote_block_ids"] == [list(range(7))]  # ceil(100 / 16) blocks, one KV cache group
+    assert params["tp_size"] == 1 and params["remote_num_tokens"] == 100
+    assert parse_kv_transfer_params(params).remote is not None  # a decode engine accepts them
+    (record,) = engine.transfers
+    assert record.outcome == "remote-decode" and record.received == ROUTER_PREFILL_PARAMS
+    assert record.returned == params
+    assert engine.held == {"r-1": (tuple(range(7)),)}  # kept for the decode engine to read
+    assert engine.release_blocks("r-1", ((0, 1),)) is not None  # not the blocks it holds
+    assert engine.release_blocks("r-1", (tuple(range(7)),)) is None and not engine.held
 
 
 def test_decode_with_remote_prefill_pays_the_transfer_and_skips_prefill() -> None:
     params = {
         "do_remote_prefill": True,
         "remote_engine_id": "p-0",
-        "remote_block_ids": [1, 2, 3],
+        "remote_request_id": "r-1",
+        "remote_block_ids": [[1, 2, 3]],
         "remote_host": "127.0.0.1",
         "remote_port": 9000,
     }
@@ -127,6 +148,8 @@ def test_decode_with_remote_prefill_pays_the_transfer_and_skips_prefill() -> Non
         return engine
 
     engine = asyncio.run(scenario())
+    (transfer,) = engine.transfers
+    assert transfer.outcome == "kv-loaded" and transfer.received == params
     record = engine.records[0]
     assert record.generation_tokens == 3
     assert record.ttft_s is not None
@@ -136,32 +159,58 @@ def test_decode_with_remote_prefill_pays_the_transfer_and_skips_prefill() -> Non
     assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 3.0' in exposition
 
 
+REMOTE = {
+    "do_remote_prefill": True,
+    "remote_engine_id": "e",
+    "remote_request_id": "r",
+    "remote_block_ids": [[1]],
+    "remote_host": "127.0.0.1",
+    "remote_port": 5600,
+}
+
+
 @pytest.mark.parametrize(
-    ("params", "field"),
-    [
-        (
-            {"do_remote_prefill": True, "remote_block_ids": [1], "remote_host": "h", "remote_port": 1},
-            "remote_engine_id",
-        ),
-        (
-            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_host": "h", "remote_port": 1},
-            "remote_block_ids",
-        ),
-        (
-            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [], "remote_port": 1},
-            "remote_host",
-        ),
-        (
-            {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [], "remote_host": "h"},
-            "remote_port",
-        ),
-        ("yes", "kv_transfer_params"),
-    ],
+    "field", ["remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host", "remote_port"]
 )
-def test_bad_kv_transfer_params_name_the_field(params: Any, field: str) -> None:
+def test_remote_prefill_params_missing_a_field_are_a_kv_load_failure_naming_it(field: str) -> None:
+    params = {k: v for k, v in REMOTE.items() if k != field}
+    parsed = parse_kv_transfer_params(params)
+    assert parsed.remote is None and parsed.invalid is not None and field in parsed.invalid
+    assert parse_kv_transfer_params(REMOTE).remote is not None
+    flat = parse_kv_transfer_params({**REMOTE, "remote_block_ids": [1, 2]}).remote  # older vLLM: one group
+    assert flat is not None and flat.block_ids == ((1, 2),)
+
+
+def test_kv_transfer_params_must_be_an_object() -> None:
     with pytest.raises(RequestError) as err:
-        parse_kv_transfer_params(params)
-    assert field in err.value.field
+        parse_kv_transfer_params("yes")
+    assert err.value.field == "kv_transfer_params"
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_a_malformed_exchange_fails_or_recomputes_per_kv_load_failure_policy(policy: Any) -> None:
+    """vLLM: invalid KVTransferParams never load; kv_load_failure_policy decides (fail is the default)."""
+    params = {k: v for k, v in REMOTE.items() if k != "remote_engine_id"}
+
+    async def scenario() -> tuple[LiveEngine, list[Any]]:
+        engine = _engine(EngineSettings(time_scale=0.02, kv_load_failure_policy=policy))
+        engine.start()
+        request = engine.submit(500, 4, params)
+        events = [e async for e in engine.stream(request)]
+        await engine.stop()
+        return engine, events
+
+    engine, events = asyncio.run(scenario())
+    (record,) = engine.transfers
+    assert record.received == params and "remote_engine_id" in record.detail
+    exposition = render(engine.metrics).decode().splitlines()
+    if policy == "fail":
+        assert [e.finish_reason for e in events] == ["error"]
+        assert record.outcome == "kv-load-failed" and record.finish_reason == "error"
+    else:
+        assert [e.finish_reason for e in events][-1] == "length" and len(events) == 5
+        assert record.outcome == "kv-load-failed-recomputed"
+        assert 'vllm:prompt_tokens_total{engine="0",model_name="m"} 500.0' in exposition  # prefilled here
 
 
 def test_engine_refuses_bad_requests_and_stopped_engines() -> None:
@@ -200,7 +249,8 @@ def test_toy_proxy_prefill_body_and_local_endpoints_only() -> None:
     assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
     assert body["kv_transfer_params"]["do_remote_decode"] is True
     assert check_local_endpoint("127.0.0.1:8000") == "127.0.0.1:8000"
-    with pytest.raises(ValueError, match=r"127\.0\.0\.1"):
+    assert check_local_endpoint("127.64.0.3:8000") == "127.64.0.3:8000"  # a pod IP from the loopback CIDR
+    with pytest.raises(ValueError, match=r"127\.0\.0\.0/8"):
         check_local_endpoint("10.0.0.1:8000")
 
 
@@ -237,6 +287,30 @@ def test_pod_spec_from_pod_and_deployment() -> None:
     deleting = _pod("decode")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert pod_spec_for(deleting, defaults, Overrides()) is None
+    # no pod IP, or one off loopback: 127.0.0.1 and free ports
+    assert decode.host == "127.0.0.1" and decode.http_port == 0 and decode.side_channel_port == 0
+
+
+def test_a_pod_with_a_loopback_ip_is_served_on_it_at_its_engine_ports() -> None:
+    container = {
+        "name": "engine",
+        "args": [
+            "--kv-transfer-config",
+            '{"kv_connector":"NixlConnector","kv_load_failure_policy":"recompute"}',
+        ],
+        "env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "5600"}],
+        "ports": [{"name": "http", "containerPort": 8000}, {"name": "nixl", "containerPort": 5600}],
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "7"]}}},
+    }
+    pod = _pod("decode", containers=[container])
+    pod["status"]["podIP"] = "127.64.0.9"
+    spec = pod_spec_for(pod, Defaults(), Overrides())
+    assert spec is not None
+    assert (spec.host, spec.http_port, spec.side_channel_port) == ("127.64.0.9", 8000, 5600)
+    assert spec.pre_stop_s == 7.0 and spec.kv_load_failure_policy == "recompute"
+    pod["status"]["podIP"] = "10.244.0.9"  # never listened on: the twin stays on loopback
+    off = pod_spec_for(pod, Defaults(), Overrides())
+    assert off is not None and (off.host, off.http_port) == ("127.0.0.1", 0)
 
 
 REPO = Path(__file__).resolve().parents[2]

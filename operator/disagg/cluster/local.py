@@ -70,7 +70,10 @@ COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manage
 class ClusterSettings:
     service_cidr: str = "10.96.0.0/16"
     service_ip: str = "10.96.0.1"  # first address of service_cidr: the `kubernetes` Service
-    pod_cidr: str = "10.244.0.0/16"  # kwok hands pod IPs out of this range
+    # kwok hands pod IPs out of this range. None: a /16 inside 127.0.0.0/8 that no other running local
+    # cluster uses (Linux routes all of 127.0.0.0/8 to the loopback interface, so the live twin's engine for
+    # a pod can listen on that pod's own IP and everything reaches pods exactly as on a real cluster).
+    pod_cidr: str | None = None
     service_account_issuer: str = "https://kubernetes.default.svc.cluster.local"
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 5.0  # then SIGKILL: the state is disposable
@@ -93,6 +96,7 @@ class ClusterInfo:
     client_cert: Path
     client_key: Path
     logs_dir: Path
+    pod_cidr: str | None = None  # what kwok hands pod IPs out of (a loopback /16 unless configured)
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with KUBECONFIG set and the cached kubectl and
@@ -269,6 +273,12 @@ class LocalCluster:
     def state_file(self) -> Path:
         return self.state_dir / "state.json"
 
+    @property
+    def pod_cidr(self) -> str | None:
+        """The pod CIDR this cluster's kwok allocates from (None before the first ``up``)."""
+        recorded = (self._read_state() or {}).get("pod_cidr")
+        return str(recorded) if recorded else self.settings.pod_cidr
+
     def log_path(self, component: str) -> Path:
         return self.logs_dir / f"{component}.log"
 
@@ -376,6 +386,7 @@ class LocalCluster:
             client_cert=self.pki.client_cert("admin"),
             client_key=self.pki.client_key("admin"),
             logs_dir=self.logs_dir,
+            pod_cidr=state.get("pod_cidr") or self.settings.pod_cidr,
         )
 
     def _read_pid(self, component: str) -> int | None:
@@ -453,8 +464,10 @@ class LocalCluster:
         etcd_client, etcd_peer, apiserver_port, kwok_port = self._ports()
         server = f"https://127.0.0.1:{apiserver_port}"
         self._write_kubeconfigs(pki, server)
+        pod_cidr = self._choose_pod_cidr()
         state = {
             "server": server,
+            "pod_cidr": pod_cidr,
             "ports": {
                 "etcd-client": etcd_client,
                 "etcd-peer": etcd_peer,
@@ -484,7 +497,7 @@ class LocalCluster:
             procs["kube-scheduler"] = self._spawn(
                 "kube-scheduler", binaries["kube-scheduler"], self._scheduler_args()
             )
-            procs["kwok"] = self._spawn("kwok", binaries["kwok"], self._kwok_args(kwok_port))
+            procs["kwok"] = self._spawn("kwok", binaries["kwok"], self._kwok_args(kwok_port, pod_cidr))
         self._ensure_nodes(info)
         self._wait_nodes_ready(info, procs)
         with self.client(info) as client:
@@ -582,7 +595,16 @@ class LocalCluster:
             f"--v={self.settings.log_verbosity}",
         ]
 
-    def _kwok_args(self, port: int) -> list[str]:
+    def _choose_pod_cidr(self) -> str:
+        """The configured pod CIDR, else the one a previous run of this state directory used, else a free
+        loopback /16 (claimed in the cache, so concurrent local clusters never hand out the same pod IP)."""
+        if self.settings.pod_cidr is not None:
+            return self.settings.pod_cidr
+        previous = (self._read_state() or {}).get("pod_cidr")
+        prefer = previous if isinstance(previous, str) and previous else None
+        return claim_loopback_pod_cidr(self.state_dir, self.build.cache_root, prefer)
+
+    def _kwok_args(self, port: int, pod_cidr: str) -> list[str]:
         key, value = KWOK_NODE_ANNOTATION
         config = self.state_dir / "kwok.yaml"
         config.write_text(yaml.safe_dump_all(kwok_config_documents(), sort_keys=False))
@@ -592,7 +614,9 @@ class LocalCluster:
             f"--node-lease-duration-seconds={self.settings.node_lease_seconds}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={key}={value}",
-            f"--cidr={self.settings.pod_cidr}",
+            # kwok v0.8 takes the address part as the first pod IP (pkg/kwok/controllers/utils.go parseCIDR
+            # keeps it; ipPool hands out that address, then the next ones)
+            f"--cidr={pod_cidr}",
             "--node-ip=127.0.0.1",
             f"--server-address=127.0.0.1:{port}",
         ]
@@ -667,6 +691,52 @@ class LocalCluster:
                 return expected <= ready
 
             self._wait("kwok", procs or {}, all_ready)
+
+
+# Second octets of 127.0.0.0/8 handed out as pod /16s: 127.0.x (127.0.0.1 is the API server, the node IP and
+# every component's address) and 127.1-63 stay free for whatever else the machine binds on loopback.
+LOOPBACK_POD_OCTETS = range(64, 255)
+
+
+def loopback_pod_cidr(octet: int) -> str:
+    """kwok's --cidr for the /16 ``127.<octet>.0.0``: pods get 127.<octet>.0.1, .0.2, ..."""
+    return f"127.{octet}.0.1/16"
+
+
+def claim_loopback_pod_cidr(state_dir: Path, cache_root: Path, prefer: str | None = None) -> str:
+    """Claim a loopback /16 for the cluster of ``state_dir`` (``prefer`` first, e.g. the one it used
+    before): one whose claim file under ``<cache>/pod-cidrs/`` is absent, names ``state_dir``, or names a
+    state directory whose cluster no longer runs."""
+    claims = cache_root / "pod-cidrs"
+    claims.mkdir(parents=True, exist_ok=True)
+    octets = list(LOOPBACK_POD_OCTETS)
+    preferred = [o for o in octets if loopback_pod_cidr(o) == prefer]
+    with (claims / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for octet in [*preferred, *octets]:
+                claim = claims / f"127.{octet}"
+                owner = claim.read_text().strip() if claim.is_file() else ""
+                if owner and Path(owner) != state_dir and _cluster_alive(Path(owner)):
+                    continue
+                claim.write_text(f"{state_dir}\n")
+                return loopback_pod_cidr(octet)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    raise ClusterError(f"no free loopback pod CIDR left under {claims} (every 127.N/16 is claimed)")
+
+
+def _cluster_alive(state_dir: Path) -> bool:
+    """Whether the cluster of another state directory still runs (its kwok or API server is alive)."""
+    pids = state_dir / "pids"
+    for component in ("kwok", "kube-apiserver"):
+        try:
+            pid = int((pids / f"{component}.pid").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(pid):
+            return True
+    return False
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:

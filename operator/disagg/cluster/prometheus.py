@@ -165,11 +165,6 @@ def _wait_ready(prom: PrometheusProcess) -> None:
     )
 
 
-# Pods may name the address to scrape explicitly (for emulated engines listening on 127.0.0.1, since
-# kwok's pod IPs are not routable); otherwise the pod IP and the prometheus.io/port annotation are used.
-SCRAPE_ADDRESS_ANNOTATION = "disagg.dev/scrape-address"
-
-
 def _meta_annotation(name: str) -> str:
     return "__meta_kubernetes_pod_annotation_" + "".join(c if c.isalnum() else "_" for c in name)
 
@@ -185,7 +180,8 @@ def kubernetes_pod_sd_config(
 
     Keeps Running pods annotated ``prometheus.io/scrape: "true"`` (one target per pod: the container port
     named ``http`` or a pod without declared ports), scrapes ``prometheus.io/path`` at the pod IP and
-    ``prometheus.io/port`` (or at ``disagg.dev/scrape-address`` when set), and labels the series with
+    ``prometheus.io/port`` (the local cluster's pod IPs are loopback addresses, where the live twin's
+    engines listen, so this is the rule a real cluster uses), and labels the series with
     ``namespace``, ``pod``, ``disagg_role`` (disagg.dev/role), ``disagg_deployment`` (disagg.dev/deployment).
     """
     # Relabelling semantics per https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config
@@ -197,12 +193,6 @@ def kubernetes_pod_sd_config(
             "source_labels": ["__meta_kubernetes_pod_ip", _meta_annotation("prometheus.io/port")],
             "regex": r"(.+);(\d+)",
             "replacement": "$1:$2",
-            "target_label": "__address__",
-        },
-        {
-            "source_labels": [_meta_annotation(SCRAPE_ADDRESS_ANNOTATION)],
-            "regex": "(.+)",
-            "replacement": "$1",
             "target_label": "__address__",
         },
         {

@@ -19,8 +19,9 @@ _POD_ANNOTATION = "__meta_kubernetes_pod_annotation_"
 
 
 def scrape_relabel_configs(labels: TargetLabels = TARGET_LABELS) -> list[dict[str, Any]]:
-    """Relabelling for a kubernetes_sd pod job: keep disagg engine pods that ask to be scraped, scrape
-    them on their annotated port and path, and attach the target labels the queries select on."""
+    """Relabelling for a kubernetes_sd pod job: keep disagg engine and router pods that ask to be
+    scraped, scrape them on their annotated port and path, and attach the target labels the queries
+    select on."""
     return [
         {
             "source_labels": [f"{_POD_ANNOTATION}prometheus_io_scrape"],
@@ -28,24 +29,17 @@ def scrape_relabel_configs(labels: TargetLabels = TARGET_LABELS) -> list[dict[st
             "regex": "true",
         },
         {
+            # the engines, and the router for its end-to-end TTFT where it exports one
+            # (disagg.metrics.queries.ROUTER_METRICS)
             "source_labels": [f"{_POD_LABEL}disagg_dev_role"],
             "action": "keep",
-            "regex": "prefill|decode",
+            "regex": "prefill|decode|router",
         },
         {
             "source_labels": ["__address__", f"{_POD_ANNOTATION}prometheus_io_port"],
             "action": "replace",
             "regex": r"([^:]+)(?::\d+)?;(\d+)",
             "replacement": "$1:$2",
-            "target_label": "__address__",
-        },
-        {
-            # an explicit address wins: the live twin's emulated engines listen on 127.0.0.1 because a
-            # kwok pod's IP is not routable (the annotation is absent on real engine pods)
-            "source_labels": [f"{_POD_ANNOTATION}disagg_dev_scrape_address"],
-            "action": "replace",
-            "regex": "(.+)",
-            "replacement": "$1",
             "target_label": "__address__",
         },
         {

@@ -193,6 +193,7 @@ async def serve(args: argparse.Namespace) -> int:
             lambda: pool.endpoints("decode"),
             ServerSettings(port=args.proxy_port),
             handshake=handshake,
+            bootstrap_port=pool.side_channel_port,
         )
         await proxy.start()
         print(f"toy P/D proxy on {proxy.url}", flush=True)

@@ -8,10 +8,14 @@ then every request in it streams the tokens the core says it produced. All timin
 (metrics, records) are measured on that clock in engine seconds, i.e. wall seconds / ``time_scale``.
 
 A request carrying vLLM's NIXL ``kv_transfer_params`` with ``do_remote_prefill`` skips its prefill: it
-waits for the transfer (the latency model's ``kv_transfer_time_s``, counted as waiting like vLLM's
-WAITING_FOR_REMOTE_KVS) and then joins the decode batch. A request with ``do_remote_decode`` ends after
-its prefill token and answers with the ``kv_transfer_params`` a decode engine needs. Token text is
-synthetic: deterministic words, not a language model's output.
+pulls the prompt's KV from the prefill engine the params name (through that engine's side channel, see
+``kv_puller``), waits for the transfer (the latency model's ``kv_transfer_time_s``, counted as waiting like
+vLLM's WAITING_FOR_REMOTE_KVS) and then joins the decode batch. A request with ``do_remote_decode`` ends
+after its prefill token, keeps its blocks for the decode engine to read, and answers with the
+``kv_transfer_params`` a decode engine needs. Params a decode engine cannot load from are a KV load failure,
+handled per ``kv_load_failure_policy`` as vLLM does: ``fail`` (vLLM's default) ends the request with an
+error, ``recompute`` computes the prompt locally. Every request's exchange is kept in ``transfers``. Token
+text is synthetic: deterministic words, not a language model's output.
 """
 
 from __future__ import annotations
@@ -19,20 +23,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineCore, SimRequest
 from disagg.twin.engine import EngineSettings as CoreSettings
 from disagg.twin.latency import LatencyModel
 from disagg.twin.live.exposition import EngineGauges, EngineMetrics, FinishedRequest
 
+log = logging.getLogger(__name__)
+
 Role = Literal["prefill", "decode", "colocated"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
+# vllm 0.33.0 wheel, vllm/config/kv_transfer.py KVTransferConfig.kv_load_failure_policy (default "fail")
+KvLoadFailurePolicy = Literal["recompute", "fail"]
+KV_LOAD_FAILURE_POLICIES: tuple[KvLoadFailurePolicy, ...] = ("recompute", "fail")
 
 # Deterministic filler for the synthetic token text.
 _WORDS = (
@@ -61,6 +71,9 @@ class EngineSettings:
     kv_link: str = "nic"  # the link a remote prefill's KV crosses (passed to kv_transfer_time_s)
     drain_timeout_s: float = 30.0  # engine seconds a removed pod keeps serving its in-flight requests
     bootstrap_timeout_s: float = 300.0  # engine seconds an SGLang decode request waits for its prefill
+    kv_load_failure_policy: KvLoadFailurePolicy = "fail"  # vLLM's default
+    transfer_record_limit: int = 10_000  # exchanges kept in LiveEngine.transfers (oldest dropped)
+    held_blocks_limit: int = 10_000  # prefilled requests whose blocks wait for a decode engine's read
     # A step planned within this many wall seconds of the previous step's end continues that timeline:
     # steps run back to back on absolute deadlines, so the event loop's wake-up lateness (about a
     # millisecond, i.e. 1/time_scale ms of engine time) is absorbed instead of adding to every step.
@@ -74,6 +87,11 @@ class EngineSettings:
             raise ValueError(f"kv_capacity_tokens must be >= 0, got {self.kv_capacity_tokens}")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(
+                f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
+                f"got {self.kv_load_failure_policy!r}"
+            )
 
 
 class RequestError(ValueError):
@@ -88,15 +106,47 @@ class EngineUnavailable(RuntimeError):
     """The engine is starting or draining and takes no new requests."""
 
 
+BlockIds = tuple[tuple[int, ...], ...]  # one tuple of block ids per KV cache group, as vLLM's BlockIds
+
+
 @dataclass(frozen=True)
 class RemotePrefill:
     """Where a decode request's KV comes from (vLLM NixlConnector's kv_transfer_params)."""
 
     engine_id: str
-    block_ids: tuple[int, ...]
+    block_ids: BlockIds
     host: str
     port: int
-    request_id: str | None = None
+    request_id: str
+    tp_size: int = 1
+
+
+class KvTransfer(NamedTuple):
+    """What a request's ``kv_transfer_params`` ask of the engine."""
+
+    remote_decode: bool  # a prefill for a remote decode engine: end after the prompt, keep the blocks
+    remote: RemotePrefill | None  # a decode whose prompt KV is to be read from a prefill engine
+    invalid: str | None = None  # do_remote_prefill with params no KV load can use: why (names the field)
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """One request's KV-transfer exchange as this engine saw it (for tests and reports)."""
+
+    request_id: str
+    received: Mapping[str, Any] | None  # the request's kv_transfer_params, as sent
+    returned: Mapping[str, Any] | None  # the kv_transfer_params the engine answered with (prefill side)
+    # "local" (no exchange), "remote-decode" (prefilled for a decode engine), "kv-loaded" (decoded from a
+    # prefill engine's KV), "kv-load-failed-recomputed", "kv-load-failed" (ended with an error); SGLang:
+    # "bootstrap-prefill" (published its room), "bootstrap-decode" (decoded from the room's prefill),
+    # "bootstrap-failed" (the bootstrap server named could not be reached)
+    outcome: str
+    detail: str = ""
+    finish_reason: str = ""
+    bootstrap: Bootstrap | None = None  # SGLang's bootstrap_host/port/room, as sent
+
+
+KvPuller = Callable[[RemotePrefill], Awaitable[str | None]]  # None: read; else why the read failed
 
 
 @dataclass(frozen=True)
@@ -129,6 +179,9 @@ class Bootstrap:
     host: str
     port: int
     room: int
+
+
+BootstrapProbe = Callable[[Bootstrap], Awaitable[str | None]]  # None: a prefill serves there; else why not
 
 
 def parse_bootstrap(body: Mapping[str, Any]) -> Bootstrap | None:
@@ -202,9 +255,12 @@ class LiveRequest:
     remote_prefill: RemotePrefill | None
     do_remote_decode: bool
     bootstrap: Bootstrap | None = None
+    received_params: Mapping[str, Any] | None = None
+    outcome: str = "local"
+    detail: str = ""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     emitted: int = 0
-    block_ids: tuple[int, ...] = ()
+    block_ids: BlockIds = ()
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -220,36 +276,70 @@ class LiveRequest:
         return self.emitted
 
 
-def parse_kv_transfer_params(params: Any) -> tuple[bool, RemotePrefill | None]:
-    """(do_remote_decode, remote prefill source) from a request's ``kv_transfer_params``.
+# The fields a decode engine needs to read a prefill's KV: vllm 0.33.0 wheel,
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py update_state_after_alloc (the
+# request "will not utilize KVTransfer" unless all are present) and nixl/metadata.py add_new_req_to_recv.
+NIXL_REMOTE_FIELDS = (
+    "remote_block_ids",
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+)
 
-    Field names are vLLM's NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py,
-    ``request_finished`` and ``get_num_new_matched_tokens``; the toy proxy
-    tests/v1/kv_connector/nixl_integration/toy_proxy_server.py sends ``do_remote_decode: true``).
+
+def _block_groups(value: Any) -> BlockIds | None:
+    """``remote_block_ids`` as groups: vLLM 0.33 sends one list per KV cache group ([[0, 1, 2]]); a flat
+    list of ints (older vLLM) is one group. None when it is neither."""
+    if not isinstance(value, list | tuple):
+        return None
+    if all(isinstance(b, int) and not isinstance(b, bool) for b in value):
+        return (tuple(value),)
+    groups: list[tuple[int, ...]] = []
+    for group in value:
+        if not isinstance(group, list | tuple) or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in group
+        ):
+            return None
+        groups.append(tuple(group))
+    return tuple(groups)
+
+
+def parse_kv_transfer_params(params: Any) -> KvTransfer:
+    """What a request's ``kv_transfer_params`` ask for; RequestError when they are not an object.
+
+    Field names are vLLM's NixlConnector (vllm 0.33.0 wheel, vllm/distributed/kv_transfer/kv_connector/v1/
+    nixl/pull_scheduler.py ``get_num_new_matched_tokens``, ``update_state_after_alloc`` and
+    ``request_finished``). A ``do_remote_prefill`` request whose remote fields are missing or unusable is
+    not refused: vLLM logs "Got invalid KVTransferParams" and the KV never arrives, a KV load failure that
+    ``kv_load_failure_policy`` resolves; ``invalid`` says which field is at fault.
     """
     if params is None:
-        return False, None
+        return KvTransfer(False, None)
     if not isinstance(params, Mapping):
         raise RequestError("kv_transfer_params", "must be an object")
     remote_decode = bool(params.get("do_remote_decode", False))
     if not params.get("do_remote_prefill", False):
-        return remote_decode, None
+        return KvTransfer(remote_decode, None)
     if remote_decode:
         raise RequestError("kv_transfer_params", "do_remote_prefill and do_remote_decode are exclusive")
-    engine_id = params.get("remote_engine_id")
+    for name in NIXL_REMOTE_FIELDS:
+        if params.get(name) is None:
+            return KvTransfer(False, None, f"kv_transfer_params.{name}: required with do_remote_prefill")
+    blocks = _block_groups(params["remote_block_ids"])
+    if blocks is None:
+        return KvTransfer(False, None, "kv_transfer_params.remote_block_ids: must be lists of block ids")
+    engine_id, host, port = params["remote_engine_id"], params["remote_host"], params["remote_port"]
     if not isinstance(engine_id, str) or not engine_id:
-        raise RequestError("kv_transfer_params.remote_engine_id", "required with do_remote_prefill")
-    block_ids = params.get("remote_block_ids")
-    if not isinstance(block_ids, list) or not all(isinstance(b, int) for b in block_ids):
-        raise RequestError("kv_transfer_params.remote_block_ids", "must be a list of block ids")
-    host = params.get("remote_host")
+        return KvTransfer(False, None, "kv_transfer_params.remote_engine_id: must be an engine id")
     if not isinstance(host, str) or not host:
-        raise RequestError("kv_transfer_params.remote_host", "required with do_remote_prefill")
-    port = params.get("remote_port")
-    if not isinstance(port, int) or not 0 < port < 65536:
-        raise RequestError("kv_transfer_params.remote_port", "must be a TCP port")
-    remote_id = params.get("remote_request_id")
-    return False, RemotePrefill(engine_id, tuple(block_ids), host, port, remote_id if remote_id else None)
+        return KvTransfer(False, None, "kv_transfer_params.remote_host: must be a host")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        return KvTransfer(False, None, "kv_transfer_params.remote_port: must be a TCP port")
+    tp_size = params.get("tp_size", 1)
+    tp = tp_size if isinstance(tp_size, int) and not isinstance(tp_size, bool) and tp_size > 0 else 1
+    remote = RemotePrefill(engine_id, blocks, host, port, str(params["remote_request_id"]), tp)
+    return KvTransfer(False, remote)
 
 
 class LiveEngine:
@@ -293,6 +383,11 @@ class LiveEngine:
         )
         self.accepting = False
         self.records: deque[RequestRecord] = deque(maxlen=record_limit)
+        self.transfers: deque[TransferRecord] = deque(maxlen=settings.transfer_record_limit)
+        # prefilled requests' blocks a decode engine has yet to read: request id -> block ids
+        self.held: OrderedDict[str, BlockIds] = OrderedDict()
+        self.kv_puller: KvPuller | None = None  # reads a remote prefill's KV (the server's side channel)
+        self.bootstrap_probe: BootstrapProbe | None = None  # checks an SGLang bootstrap address
         self._live: dict[int, LiveRequest] = {}  # core rid -> request, everything not finished
         self._transferring = 0
         self._transfers: set[asyncio.Task[None]] = set()
@@ -380,7 +475,7 @@ class LiveEngine:
                 f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds the engine's KV capacity "
                 f"{self.core.kv_capacity} tokens",
             )
-        remote_decode, remote = parse_kv_transfer_params(kv_transfer_params)
+        remote_decode, remote, invalid = parse_kv_transfer_params(kv_transfer_params)
         if bootstrap is not None and self.role == "colocated":
             bootstrap = None
         rid = next(self._ids)
@@ -394,15 +489,49 @@ class LiveEngine:
             remote_prefill=remote,
             do_remote_decode=remote_decode,
             bootstrap=bootstrap,
+            received_params=dict(kv_transfer_params) if isinstance(kv_transfer_params, Mapping) else None,
+            outcome="remote-decode" if remote_decode else "local",
         )
+        if bootstrap is not None:
+            request.outcome = "bootstrap-prefill" if self.role == "prefill" else "bootstrap-decode"
         self._live[rid] = request
-        if remote is not None or (bootstrap is not None and self.role == "decode"):
+        if invalid is not None:
+            log.warning("engine %s: got invalid KVTransferParams (%s)", self.engine_id, invalid)
+            self._kv_load_failed(request, invalid)
+        elif remote is not None or (bootstrap is not None and self.role == "decode"):
             self._start_transfer(request)
         else:
-            self.core.admit(request.core, now)
-            self._last_admit_wall = time.monotonic()
-            self._work.set()
+            self._admit_local(request)
         return request
+
+    def _admit_local(self, request: LiveRequest) -> None:
+        """Queue a request whose prompt this engine computes itself."""
+        self.core.admit(request.core, self.now())
+        self._last_admit_wall = time.monotonic()
+        self._work.set()
+
+    def _kv_load_failed(self, request: LiveRequest, why: str) -> None:
+        """The prompt's KV could not be read: recompute it here, or end the request with an error, as
+        vLLM's scheduler does per kv_load_failure_policy (vllm 0.33.0 wheel, vllm/v1/core/sched/
+        scheduler.py: recompute_kv_load_failures, else RequestStatus.FINISHED_ERROR)."""
+        request.detail = why
+        if self.settings.kv_load_failure_policy == "recompute":
+            request.outcome = "kv-load-failed-recomputed"
+            self._admit_local(request)
+        else:
+            request.outcome = "kv-load-failed"
+            self._finish(request, "error", self.now())
+
+    def release_blocks(self, request_id: str, block_ids: BlockIds) -> str | None:
+        """A decode engine reads the blocks a prefilled request holds (and so frees them); None when they
+        are here, else why not."""
+        held = self.held.get(request_id)
+        if held is None:
+            return f"engine {self.engine_id} holds no blocks for request {request_id}"
+        if tuple(tuple(g) for g in block_ids) != held:
+            return f"engine {self.engine_id}: request {request_id} holds blocks {held}, not {block_ids}"
+        del self.held[request_id]
+        return None
 
     def abort(self, request: LiveRequest) -> None:
         """End a request early (its client went away): it finishes as aborted; the core's step ends it."""
@@ -425,18 +554,42 @@ class LiveEngine:
         self._transferring += 1
 
         async def transfer() -> None:
+            failure: str | None = None
             try:
                 if request.bootstrap is not None:
-                    timeout = self.settings.bootstrap_timeout_s * scale
-                    await self.rendezvous.wait(request.bootstrap, timeout)
-                await asyncio.sleep(seconds * scale)
+                    if self.bootstrap_probe is not None:
+                        failure = await self.bootstrap_probe(request.bootstrap)
+                    if failure is None:
+                        timeout = self.settings.bootstrap_timeout_s * scale
+                        await self.rendezvous.wait(request.bootstrap, timeout)
+                elif request.remote_prefill is not None and self.kv_puller is not None:
+                    failure = await self.kv_puller(request.remote_prefill)
+                if failure is None:
+                    await asyncio.sleep(seconds * scale)
             except TimeoutError:
                 self.abort(request)
                 return
             finally:
                 self._transferring -= 1
-            if request.finish_reason is None:
-                self._admit_core(request)
+            if request.finish_reason is not None:
+                return
+            if failure is not None and request.bootstrap is not None:
+                # SGLang's decode side fails the request when its prefill's bootstrap server is not there
+                log.warning(
+                    "engine %s: bootstrap of %s failed: %s", self.engine_id, request.request_id, failure
+                )
+                request.outcome, request.detail = "bootstrap-failed", failure
+                self._finish(request, "error", self.now())
+                return
+            if failure is not None:
+                log.warning(
+                    "engine %s: KV load of %s failed: %s", self.engine_id, request.request_id, failure
+                )
+                self._kv_load_failed(request, failure)
+                return
+            if request.remote_prefill is not None:
+                request.outcome = "kv-loaded"
+            self._admit_core(request)
 
         task = asyncio.get_running_loop().create_task(transfer())
         self._transfers.add(task)
@@ -534,12 +687,24 @@ class LiveEngine:
         if reason == "length" and request.bootstrap is not None and self.role == "prefill":
             self.rendezvous.publish(request.bootstrap, request.prompt_tokens)
         if reason == "length" and request.do_remote_decode:
-            full_blocks = request.prompt_tokens // self.settings.block_size
-            request.block_ids = tuple(next(self._block_ids) for _ in range(full_blocks))
+            blocks = math.ceil(request.prompt_tokens / self.settings.block_size)
+            request.block_ids = (tuple(next(self._block_ids) for _ in range(blocks)),)
+            self._hold(request)
             params: dict[str, Any] | None = self._kv_transfer_params(request)
         else:
             params = None
         request.events.put_nowait(TokenEvent(request.emitted, "", reason, params))
+        self.transfers.append(
+            TransferRecord(
+                request_id=request.request_id,
+                received=request.received_params,
+                returned=params,
+                outcome=request.outcome,
+                detail=request.detail,
+                finish_reason=reason,
+                bootstrap=request.bootstrap,
+            )
+        )
         scheduled = request.scheduled_at if request.scheduled_at is not None else now
         first = request.first_token_at if request.first_token_at is not None else now
         last = request.last_token_at if request.last_token_at is not None else now
@@ -568,18 +733,32 @@ class LiveEngine:
             )
         )
 
+    def _hold(self, request: LiveRequest) -> None:
+        """Keep a prefilled request's blocks until a decode engine reads them (the oldest go first)."""
+        self.held[request.request_id] = request.block_ids
+        while len(self.held) > self.settings.held_blocks_limit:
+            self.held.popitem(last=False)
+
     def _kv_transfer_params(self, request: LiveRequest) -> dict[str, Any]:
-        """What vLLM's NixlConnector returns from a prefill with do_remote_decode (request_finished)."""
+        """What vLLM's NixlConnector returns from a prefill with do_remote_decode: vllm 0.33.0 wheel,
+        vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py ``request_finished`` (the
+        remote_* fields name this engine and its side channel, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT)."""
         host, port = self.side_channel
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(request.block_ids),  # full blocks only, as vLLM
+            "remote_block_ids": [list(group) for group in request.block_ids],  # one list per KV cache group
             "remote_engine_id": self.engine_id,
             "remote_request_id": request.request_id,
             "remote_host": host,
             "remote_port": port,
             "tp_size": self.tp_size,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": request.prompt_tokens,
+            "remote_blocks_expiry_time": None,
+            "remote_registration_generation": 0,
+            "transfer_mode": "pull",
         }
 
     def _report_gauges(self, throughput: float) -> None:

@@ -1,36 +1,48 @@
 """Following a DisaggregatedDeployment's pods on a cluster: one simulated engine per Running pod.
 
 The follower lists and watches the pods labelled ``disagg.dev/deployment=<name>`` (role from
-``disagg.dev/role``), tells the pod pool which ones should serve (Running, not being deleted), and
-annotates each serving pod with ``disagg.dev/twin-endpoint: 127.0.0.1:PORT`` (and the same value under
-``disagg.dev/scrape-address``) so a Prometheus using kubernetes_sd (role pod) can point ``__address__``
-at it. Which latency model a pod runs comes from the DisaggregatedDeployment (model name, quantization,
+``disagg.dev/role``) and tells the pod pool which ones should serve (Running, not being deleted). A pod
+whose IP is a loopback address (the local cluster's kwok hands pod IPs out of 127.0.0.0/8) is served on
+that IP at its engine container's own ports (``http``, and the NIXL side channel ``nixl`` /
+VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's ``bootstrap`` server), so routers and Prometheus reach it exactly
+as on a real cluster; any other pod gets 127.0.0.1 and free ports. Each serving pod is annotated
+``disagg.dev/twin-endpoint: HOST:PORT``.
+
+While the twin serves a pod, the pod carries the finalizer ``disagg.dev/twin-engine``: kwok deletes a
+pod at once and recycles its IP, but the twin's engine keeps serving through the preStop sleep and its
+drain, as a kubelet would; the finalizer keeps the (Terminating) pod, and so its IP, until the engine has
+closed. ``stop()`` removes it from every pod.
+
+Which latency model a pod runs comes from the DisaggregatedDeployment (model name, quantization,
 engine) and the pod itself (GPU type from its nodeSelector, tensor-parallel size from its
-``nvidia.com/gpu`` limit), with CLI overrides first.
-The Kubernetes client is synchronous, so its calls run in worker threads.
+``nvidia.com/gpu`` limit, kv_load_failure_policy from its ``--kv-transfer-config``), with CLI overrides
+first. The Kubernetes client is synchronous, so its calls run in worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from disagg.twin.live.engine import Role
+from disagg.twin.live.engine import KV_LOAD_FAILURE_POLICIES, KvLoadFailurePolicy, Role
 from disagg.twin.live.exposition import ENGINE_KINDS, EngineKind
 from disagg.twin.live.latency import LatencyChoice
 from disagg.twin.live.pods import PodPool, PodSpec
+from disagg.twin.live.server import is_loopback_host
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_ANNOTATION = "disagg.dev/twin-endpoint"
-# disagg.cluster.prometheus.kubernetes_pod_sd_config relabels __address__ from this one; set both so
-# either scrape config finds the emulated engine.
-SCRAPE_ADDRESS_ANNOTATION = "disagg.dev/scrape-address"
+ENGINE_FINALIZER = "disagg.dev/twin-engine"
+ENGINE_CONTAINER = "engine"  # disagg.render.builders.ENGINE_CONTAINER
+# vllm 0.33.0 wheel, vllm/envs.py: the NIXL side channel's port (default 5600)
+SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 ROLE_LABEL = "disagg.dev/role"
 DEPLOYMENT_LABEL = "disagg.dev/deployment"
 GPU_TYPE_LABEL = "disagg.dev/gpu-type"
@@ -107,6 +119,79 @@ def _gpu_limit(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _engine_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    containers = pod.get("spec", {}).get("containers", []) or []
+    for container in containers:
+        if container.get("name") == ENGINE_CONTAINER:
+            return cast(Mapping[str, Any], container)
+    return cast(Mapping[str, Any], containers[0]) if containers else {}
+
+
+def _container_port(container: Mapping[str, Any], name: str) -> int | None:
+    for port in container.get("ports") or []:
+        if port.get("name") == name and isinstance(port.get("containerPort"), int):
+            return int(port["containerPort"])
+    return None
+
+
+def _env_int(container: Mapping[str, Any], name: str) -> int | None:
+    for item in container.get("env") or []:
+        if item.get("name") == name and item.get("value") is not None:
+            with contextlib.suppress(ValueError):
+                return int(str(item["value"]))
+    return None
+
+
+def pre_stop_seconds(container: Mapping[str, Any]) -> float:
+    """The preStop hook's sleep: ``exec: [sleep, N]`` (as disagg renders it) or the ``sleep`` action."""
+    pre_stop = ((container.get("lifecycle") or {}).get("preStop")) or {}
+    seconds = (pre_stop.get("sleep") or {}).get("seconds")
+    command = (pre_stop.get("exec") or {}).get("command") or []
+    if seconds is None and len(command) == 2 and command[0] == "sleep":
+        seconds = command[1]
+    try:
+        return max(0.0, float(seconds)) if seconds is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def kv_load_failure_policy(container: Mapping[str, Any]) -> KvLoadFailurePolicy | None:
+    """``kv_load_failure_policy`` of the engine's ``--kv-transfer-config`` JSON, if it sets one."""
+    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+    for i, word in enumerate(words):
+        value = None
+        if word == "--kv-transfer-config" and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith("--kv-transfer-config="):
+            value = word.partition("=")[2]
+        if value is None:
+            continue
+        try:
+            policy = json.loads(value).get("kv_load_failure_policy")
+        except (ValueError, AttributeError):
+            return None
+        return cast(KvLoadFailurePolicy, policy) if policy in KV_LOAD_FAILURE_POLICIES else None
+    return None
+
+
+def pod_address(pod: Mapping[str, Any]) -> tuple[str, int, int]:
+    """(host, API port, side-channel port) the pod's emulated engine listens on: the pod's own IP and its
+    engine's ports when the IP is a loopback address other than 127.0.0.1 (a kwok pod IP from a loopback
+    pod CIDR), else 127.0.0.1 and free ports."""
+    ip = str(pod.get("status", {}).get("podIP") or "")
+    if not ip or ip == "127.0.0.1" or not is_loopback_host(ip):
+        return "127.0.0.1", 0, 0
+    container = _engine_container(pod)
+    http = _container_port(container, "http") or 0
+    side = (
+        _container_port(container, "nixl")
+        or _env_int(container, SIDE_CHANNEL_PORT_ENV)
+        or _container_port(container, "bootstrap")  # SGLang's bootstrap server (prefill pods)
+        or 0
+    )
+    return ip, http, side
+
+
 def is_serving_pod(pod: Mapping[str, Any]) -> bool:
     """Running and not being deleted (kwok marks its pods Running)."""
     meta = pod.get("metadata", {})
@@ -128,6 +213,8 @@ def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Override
         or defaults.gpu
     )
     tp = overrides.tp or _gpu_limit(pod) or (defaults.tp or {}).get(role) or 1
+    host, http_port, side_port = pod_address(pod)
+    container = _engine_container(pod)
     choice = LatencyChoice(
         model=overrides.model or defaults.model,
         gpu=gpu,
@@ -141,6 +228,11 @@ def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Override
         engine=overrides.engine or defaults.engine,
         served_model=defaults.served_model or (overrides.model or defaults.model),
         max_model_len=defaults.max_model_len,
+        host=host,
+        http_port=http_port,
+        side_channel_port=side_port,
+        pre_stop_s=pre_stop_seconds(container),
+        kv_load_failure_policy=kv_load_failure_policy(container),
     )
 
 
@@ -170,9 +262,11 @@ class PodFollower:
         self.watch_timeout_s = watch_timeout_s
         self.pods: dict[str, dict[str, Any]] = {}
         self.annotated: dict[str, str] = {}
+        self.finalized: set[str] = set()  # pods carrying ENGINE_FINALIZER (put there by this follower)
         self._stop = threading.Event()
         self._task: asyncio.Task[None] | None = None
         pool.on_ready = self.annotate
+        pool.on_released = self.release
 
     @property
     def selector(self) -> str:
@@ -231,11 +325,58 @@ class PodFollower:
         return self._task
 
     async def stop(self) -> None:
+        """Stop following and take the finalizer off every pod (serving or not: the twin lets go)."""
         self._stop.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        await self.release_all()
+
+    async def release_all(self) -> None:
+        """Remove ENGINE_FINALIZER from every pod of the deployment that carries it."""
+        listing = await asyncio.to_thread(
+            self.core.list_namespaced_pod, self.namespace, label_selector=self.selector
+        )
+        for pod in listing.items:
+            meta = pod.metadata
+            if meta is not None and meta.name and ENGINE_FINALIZER in (meta.finalizers or []):
+                await self.release(str(meta.name))
+
+    async def release(self, name: str) -> None:
+        """The pod's engine has closed: take the finalizer off (a Terminating pod then goes)."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"metadata": {"$deleteFromPrimitiveList/finalizers": [ENGINE_FINALIZER]}}
+        try:
+            await asyncio.to_thread(self._patch, name, body)
+        except ApiException as err:
+            if err.status != 404:
+                log.error("pod %s: removing finalizer %s failed: %s", name, ENGINE_FINALIZER, err)
+                return
+        self.finalized.discard(name)
+
+    async def _hold(self, name: str) -> bool:
+        """Put ENGINE_FINALIZER on a pod about to be served; False when the pod is gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        if name in self.finalized:
+            return True
+        body = {"metadata": {"finalizers": [ENGINE_FINALIZER]}}  # strategic merge: added to the list
+        try:
+            await asyncio.to_thread(self._patch, name, body)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        self.finalized.add(name)
+        return True
+
+    def _patch(self, name: str, body: Mapping[str, Any]) -> None:
+        """A strategic merge patch of a pod (finalizers merge into the list, annotations into the map)."""
+        self.core.patch_namespaced_pod(
+            name, self.namespace, dict(body), _content_type="application/strategic-merge-patch+json"
+        )
 
     def _list(self) -> str:
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
@@ -276,8 +417,11 @@ class PodFollower:
             except ValueError as err:
                 log.error("pod %s: %s", obj.get("metadata", {}).get("name"), err)
                 continue
-            if spec is not None:
-                wanted[spec.name] = spec
+            if spec is None:
+                continue
+            if spec.name not in self.pool.pods and not await self._hold(spec.name):
+                continue
+            wanted[spec.name] = spec
         await self.pool.reconcile(wanted)
         for name in [n for n in self.annotated if n not in wanted]:
             del self.annotated[name]
@@ -296,11 +440,9 @@ class PodFollower:
         """Set the endpoint annotation on a pod (the pool's ready hook calls this too)."""
         from kubernetes.client.exceptions import ApiException
 
-        body = {
-            "metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint, SCRAPE_ADDRESS_ANNOTATION: endpoint}}
-        }
+        body = {"metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint}}}
         try:
-            await asyncio.to_thread(self.core.patch_namespaced_pod, name, self.namespace, body)
+            await asyncio.to_thread(self._patch, name, body)
         except ApiException as err:
             if err.status == 404:
                 return

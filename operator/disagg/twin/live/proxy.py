@@ -9,7 +9,7 @@ With ``handshake="bootstrap"`` it pairs the pods the way SGLang's PD router does
 request, with ``bootstrap_host``/``bootstrap_port`` naming the prefill pod and a random
 ``bootstrap_room``, goes to a prefill and a decode pod at once, and the decode pod's answer is streamed
 back. Endpoints are picked round robin from callables, so the pool can change while it runs. It listens
-on 127.0.0.1 only and only forwards to 127.0.0.1 endpoints.
+on 127.0.0.1 only and only forwards to loopback (127.0.0.0/8) endpoints.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from disagg.twin.live.server import ServerSettings, bound_port, error_response
+from disagg.twin.live.server import ServerSettings, bound_port, error_response, is_loopback_host
 
 EndpointSource = Callable[[], Sequence[str]]  # current endpoints as "127.0.0.1:PORT"
 Handshake = Literal["nixl", "bootstrap"]
@@ -34,11 +34,11 @@ HANDSHAKES: tuple[Handshake, Handshake] = ("nixl", "bootstrap")
 
 
 def check_local_endpoint(endpoint: str) -> str:
-    """The endpoint as host:port, refusing anything that is not 127.0.0.1/localhost."""
+    """The endpoint as host:port, refusing anything outside 127.0.0.0/8 (and localhost)."""
     url = endpoint if "://" in endpoint else f"http://{endpoint}"
     parts = urlsplit(url)
-    if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
-        raise ValueError(f"endpoint must be 127.0.0.1:PORT, got {endpoint!r}")
+    if parts.hostname is None or not is_loopback_host(parts.hostname) or parts.port is None:
+        raise ValueError(f"endpoint must be a loopback HOST:PORT (127.0.0.0/8), got {endpoint!r}")
     return f"{parts.hostname}:{parts.port}"
 
 
@@ -73,6 +73,7 @@ class ToyPDProxy:
         settings: ServerSettings | None = None,
         attempts: int = 3,
         handshake: Handshake | Callable[[], Handshake] = "nixl",
+        bootstrap_port: Callable[[str], int | None] | None = None,
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
@@ -83,6 +84,9 @@ class ToyPDProxy:
         self.decode = decode
         self.settings = settings or ServerSettings()
         self.attempts = attempts  # prefill pods tried per request (one may vanish while scaling down)
+        # a prefill endpoint's bootstrap server port (what SGLang's router reads from the pod annotation);
+        # None, or an unknown endpoint: the endpoint's own port
+        self.bootstrap_port = bootstrap_port
         self.port = 0
         self._counter = itertools.count()
         self._runner: web.AppRunner | None = None
@@ -196,7 +200,8 @@ class ToyPDProxy:
         if prefill is None or decode is None:
             return error_response(503, "no ready prefill or decode endpoint")
         host, _, port = prefill.rpartition(":")
-        paired = {**body, "bootstrap_host": host, "bootstrap_port": int(port)}
+        bootstrap = self.bootstrap_port(prefill) if self.bootstrap_port is not None else None
+        paired = {**body, "bootstrap_host": host, "bootstrap_port": bootstrap or int(port)}
         paired["bootstrap_room"] = random.getrandbits(63)
         to_prefill = {**paired, "stream": False}
         to_prefill.pop("stream_options", None)

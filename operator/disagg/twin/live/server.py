@@ -1,4 +1,5 @@
-"""The HTTP face of one simulated pod: what vLLM's (or SGLang's) OpenAI server answers, on 127.0.0.1.
+"""The HTTP face of one simulated pod: what vLLM's (or SGLang's) OpenAI server answers, on a loopback
+address (127.0.0.1, or the pod's own IP when the cluster hands pod IPs out of 127.0.0.0/8).
 
 Routes: ``GET /health``, ``GET /metrics`` (the engine's Prometheus exposition), ``GET /v1/models``,
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (non-streaming JSON, or SSE with
@@ -7,12 +8,20 @@ OpenAI API as vLLM serves it (vllm/entrypoints/openai/protocol.py: ``CompletionR
 ``CompletionStreamResponse``, ``ChatCompletionResponse``, ``ChatCompletionStreamResponse``), including
 the top-level ``kv_transfer_params`` vLLM adds for P/D serving.
 
+Beside it, on the side-channel port (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT), each pod serves the twin's
+stand-in for NIXL's handshake: ``GET /metadata`` (engine id, TP size, block size) and ``POST /read`` (a
+decode engine reads, and so frees, the blocks a prefilled request holds). That wire format is the twin's
+own (vLLM's side channel is ZMQ + msgpack and the KV moves over RDMA); what it keeps from vLLM is who
+connects where: the decode engine dials the ``remote_host:remote_port`` the prefill advertised and fails the
+KV load when that is not the engine, or the request, the params name.
+
 Prompts are counted, not tokenized: a list of token ids counts exactly (vLLM accepts ``prompt`` as
 token ids), text counts one token per four characters (OpenAI's rule of thumb for English).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import time
@@ -21,12 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import aiohttp
 from aiohttp import web
 
 from disagg.twin.live.engine import (
+    Bootstrap,
     EngineUnavailable,
     LiveEngine,
     LiveRequest,
+    RemotePrefill,
     RequestError,
     Role,
     TokenEvent,
@@ -41,18 +53,35 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb: one token is about four characters of English text
 
 
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or an IPv4 address in 127.0.0.0/8 (Linux routes all of it to the loopback device)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 4 and address.is_loopback
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
+    side_channel_port: int = 0  # the NIXL side channel's port (0: any free port)
     # vLLM's chat default is "the rest of the context"; the twin caps an unspecified chat length here.
     chat_default_max_tokens: int = 256
+    side_channel_timeout_s: float = 10.0  # wall seconds a KV read from a prefill's side channel may take
 
     def __post_init__(self) -> None:
-        if self.host not in ("127.0.0.1", "localhost"):
-            raise ValueError(f"host must be 127.0.0.1 (the twin never listens elsewhere), got {self.host!r}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if not is_loopback_host(self.host):
+            raise ValueError(
+                f"host must be a loopback address in 127.0.0.0/8 (the twin never listens elsewhere), "
+                f"got {self.host!r}"
+            )
+        for name in ("port", "side_channel_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be 0..65535, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -117,7 +146,12 @@ def requested_max_tokens(api: Api, body: Mapping[str, Any], chat_default: int) -
 
 def error_response(status: int, message: str, param: str | None = None) -> web.Response:
     """vLLM's ErrorResponse shape (object, message, type, param, code)."""
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "Error")
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }.get(status, "Error")
     body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
     return web.json_response(body, status=status)
 
@@ -132,7 +166,10 @@ class EngineServer:
         self.identity = identity
         self.settings = settings or ServerSettings()
         self.port = 0
+        self.side_channel_port = 0
         self._runner: web.AppRunner | None = None
+        self._side_runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._created = int(time.time())
 
     @property
@@ -153,15 +190,29 @@ class EngineServer:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app
 
+    def build_side_channel_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metadata", self.side_metadata)
+        app.router.add_post("/read", self.side_read)
+        return app
+
     async def start(self) -> int:
-        """Bind, start the engine, and return the port."""
-        runner = web.AppRunner(self.build_app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port)
-        await site.start()
-        self._runner = runner
-        self.port = bound_port(runner)
-        self.engine.side_channel = (self.settings.host, self.port)
+        """Bind the API and the side channel, start the engine, and return the API port."""
+        try:
+            self._side_runner = await _serve(
+                self.build_side_channel_app(), self.settings.host, self.settings.side_channel_port
+            )
+            self.side_channel_port = bound_port(self._side_runner)
+            self._runner = await _serve(self.build_app(), self.settings.host, self.settings.port)
+            self.port = bound_port(self._runner)
+        except BaseException:
+            await self._shutdown()
+            raise
+        timeout = aiohttp.ClientTimeout(total=self.settings.side_channel_timeout_s)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+        self.engine.side_channel = (self.settings.host, self.side_channel_port)
+        self.engine.kv_puller = self.pull_kv
+        self.engine.bootstrap_probe = self.probe_bootstrap
         self.engine.start()
         return self.port
 
@@ -178,6 +229,77 @@ class EngineServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._side_runner is not None:
+            await self._side_runner.cleanup()
+            self._side_runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # the side channel ------------------------------------------------------------------------------
+    async def side_metadata(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        return web.json_response(
+            {
+                "engine_id": engine.engine_id,
+                "role": engine.role,
+                "tp_size": engine.tp_size,
+                "block_size": engine.settings.block_size,
+            }
+        )
+
+    async def side_read(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            request_id = str(body["request_id"])
+            blocks = tuple(tuple(int(b) for b in group) for group in body["block_ids"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return error_response(400, "read: needs request_id and block_ids")
+        problem = self.engine.release_blocks(request_id, blocks)
+        if problem is not None:
+            return error_response(404, problem)
+        return web.json_response({"request_id": request_id, "blocks": sum(len(g) for g in blocks)})
+
+    async def probe_bootstrap(self, bootstrap: Bootstrap) -> str | None:
+        """SGLang decode: a prefill engine's bootstrap server answers at bootstrap_host:bootstrap_port."""
+        if not is_loopback_host(bootstrap.host):
+            return f"bootstrap_host {bootstrap.host!r} is not in 127.0.0.0/8 (the twin reaches only loopback)"
+        if self._session is None:
+            return "the engine is stopped"
+        base = f"http://{bootstrap.host}:{bootstrap.port}"
+        try:
+            async with self._session.get(f"{base}/metadata") as response:
+                meta = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as err:
+            return f"bootstrap server {base} unreachable: {err!r}"
+        if not isinstance(meta, Mapping) or meta.get("role") != "prefill":
+            return f"{base} is not a prefill engine's bootstrap server: {meta!r}"
+        return None
+
+    async def pull_kv(self, remote: RemotePrefill) -> str | None:
+        """Read a remote prefill's blocks through its side channel; None on success, else why not."""
+        if not is_loopback_host(remote.host):
+            return (
+                f"remote_host {remote.host!r} is not a loopback address (the twin reaches only 127.0.0.0/8)"
+            )
+        if self._session is None:
+            return "the engine is stopped"
+        base = f"http://{remote.host}:{remote.port}"
+        try:
+            async with self._session.get(f"{base}/metadata") as response:
+                meta = await response.json(content_type=None)
+            if not isinstance(meta, Mapping) or meta.get("engine_id") != remote.engine_id:
+                found = meta.get("engine_id") if isinstance(meta, Mapping) else None
+                return f"side channel {base} is engine {found!r}, not remote_engine_id {remote.engine_id!r}"
+            body = {"request_id": remote.request_id, "block_ids": [list(g) for g in remote.block_ids]}
+            async with self._session.post(f"{base}/read", json=body) as response:
+                if response.status != 200:
+                    answer = await response.json(content_type=None)
+                    message = answer.get("message") if isinstance(answer, Mapping) else answer
+                    return f"side channel {base} refused the read: {message}"
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as err:
+            return f"side channel {base} unreachable: {err!r}"
+        return None
 
     # handlers --------------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -246,6 +368,8 @@ class EngineServer:
             else:
                 final = event
         assert final is not None
+        if final.finish_reason == "error":
+            return error_response(500, _failure_message(live))
         text = "".join(texts)
         if api == "completions":
             choice: dict[str, Any] = {
@@ -310,6 +434,10 @@ class EngineServer:
                         choice = {"index": 0, "delta": {"content": event.text}, "finish_reason": None}
                     await response.write(chunk(choice))
                     continue
+                if event.finish_reason == "error":  # vLLM sends the error as the next chunk of a 200
+                    error = {"message": _failure_message(live), "type": "InternalServerError", "code": 500}
+                    await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+                    break
                 if api == "completions":
                     choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": event.finish_reason}
                 else:
@@ -322,6 +450,24 @@ class EngineServer:
         except (ConnectionResetError, ConnectionError):
             self.engine.abort(live)
         return response
+
+
+def _failure_message(live: LiveRequest) -> str:
+    # vllm 0.33.0 wheel, vllm/exceptions.py GenerationError: "Internal server error" (HTTP 500)
+    return (
+        f"Internal server error: KV load failed ({live.detail})" if live.detail else "Internal server error"
+    )
+
+
+async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 def _usage(live: LiveRequest) -> dict[str, int]:
