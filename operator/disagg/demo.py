@@ -77,6 +77,7 @@ class DemoSettings:
     scrape_interval_s: float = 2.0
     refresh_s: float = 3.0
     startup_delay_s: float = 5.0  # seconds of "model loading" before a new emulated pod serves
+    decode_pre_stop_s: int = 30  # > the documents phase's worst TTFT (see deployment_manifest)
     drain_s: float = 20.0  # at most this long after a phase's last arrival for its requests to finish
     # Llama-3.1-8B on one H100 prefills ~40k tokens/s in the twin's latency model: chat needs a fraction
     # of one prefill replica, documents (60k prompt tokens/s) more than one.
@@ -154,8 +155,15 @@ def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
                 "replicas": settings.decode_replicas,
                 "tensorParallelSize": 1,
                 "nodeSelector": node_selector,
+                # vllm-router picks a request's decode pod before its prefill runs and stops picking a
+                # pod once it is Terminating; requests already routed to it still arrive up to one
+                # (queued) prefill later, so a decode pod must keep accepting for longer than that.
+                "preStopSleepSeconds": settings.decode_pre_stop_s,
             },
-            "router": {"replicas": 1},
+            # Both released routers re-check a discovered pod's /health every
+            # --worker-startup-check-interval seconds (default 30) before adding it; kwok marks pods Ready
+            # before the twin's engine has loaded, where a real readiness probe would hold them back.
+            "router": {"replicas": 1, "args": ["--worker-startup-check-interval", "1"]},
             "autoscaling": {
                 "enabled": True,
                 "policyRef": {"name": settings.policy},
@@ -167,43 +175,13 @@ def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
     }
 
 
-# Pods the live twin plays carry the 127.0.0.1 address of their emulated engine (kwok pod IPs are not
-# routable); Prometheus scrapes that address instead of the pod IP.
-TWIN_ENDPOINT_ANNOTATION = "disagg.dev/twin-endpoint"
-
-
-def twin_endpoint_relabel() -> dict[str, Any]:
-    """Relabel ``__address__`` from the twin's annotation (``127.0.0.1:PORT``, scheme optional)."""
-    meta = "__meta_kubernetes_pod_annotation_" + "".join(
-        c if c.isalnum() else "_" for c in TWIN_ENDPOINT_ANNOTATION
-    )
-    # Relabelling semantics: https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config
-    return {
-        "source_labels": [meta],
-        "regex": r"(?:https?://)?([^/]+)/?",
-        "replacement": "$1",
-        "target_label": "__address__",
-    }
-
-
-def with_twin_endpoint(scrape_config: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod scrape config that also honours the twin's endpoint annotation (placed before labelling)."""
-    config = dict(scrape_config)
-    relabel = list(config.get("relabel_configs") or [])
-    position = next(
-        (i for i, r in enumerate(relabel) if r.get("target_label") == "__metrics_path__"), len(relabel)
-    )
-    relabel.insert(position, twin_endpoint_relabel())
-    config["relabel_configs"] = relabel
-    return config
-
-
 def prometheus_config(
     pod_scrape: Mapping[str, Any], operator_metrics: str | None, scrape_interval_s: float
 ) -> dict[str, Any]:
-    """prometheus.yml: the engines' pods (discovered through the API server) and the operator."""
+    """prometheus.yml: the engines' pods (discovered through the API server, scraped at their own pod
+    IPs, which kwok hands out of 127.0.0.0/8) and the operator."""
     interval = f"{max(1, round(scrape_interval_s))}s"
-    scrape_configs: list[dict[str, Any]] = [with_twin_endpoint(pod_scrape)]
+    scrape_configs: list[dict[str, Any]] = [dict(pod_scrape)]
     if operator_metrics is not None:
         scrape_configs.append(
             {"job_name": "disagg-operator", "static_configs": [{"targets": [operator_metrics]}]}
@@ -646,7 +624,7 @@ class ClosedLoop:
     prometheus: PrometheusProcess | None = None
     operator: subprocess.Popen[bytes] | None = None
     twin: subprocess.Popen[bytes] | None = None
-    proxy_url: str | None = None
+    router: Any = None  # disagg.cluster.routers.RouterProcess: the released router the traffic goes through
     signals: Any = None  # disagg.metrics' Prometheus adapter, when available
     notes: list[str] = field(default_factory=list)
 
@@ -690,13 +668,38 @@ class ClosedLoop:
             self.run.log_dir / "twin.log",
         )
 
-        def proxy() -> str | None:
+        def started() -> bool:
             if self.twin is not None and self.twin.poll() is not None:
                 raise RuntimeError(f"the live twin exited: see {self.run.log_dir / 'twin.log'}")
-            return read_proxy_url(endpoints)
+            return read_proxy_url(endpoints) is not None
 
-        self.proxy_url = wait_until(proxy, self.run.start_timeout_s, "the live twin's proxy")
+        wait_until(started, self.run.start_timeout_s, "the live twin")
+
+    def start_router(self) -> str:
+        """The released router (vllm-router or sglang-router, the wheel the default image pins) with the
+        command line the operator rendered for this deployment, authenticated as the router's own
+        ServiceAccount; returns its URL once it routes to every initial pod."""
+        from disagg.api.deployment import DisaggregatedDeployment
+        from disagg.cluster.routers import RouterSettings, service_account_kubeconfig, start_router
+        from disagg.k8s.client import SERVICEACCOUNT
+        from disagg.render.builders import router_command
+
+        dd = DisaggregatedDeployment.model_validate(deployment_manifest(self.settings))
+        ns, account = self.settings.namespace, f"{self.settings.deployment}-router"
+        wait_until(lambda: self.kube.get(SERVICEACCOUNT, ns, account), 60, "the router's ServiceAccount")
+        kubeconfig = service_account_kubeconfig(
+            self.cluster, ns, account, self.run.log_dir / "router.kubeconfig"
+        )
+        self.router = start_router(
+            "vllm" if self.settings.engine == "vllm" else "sglang",
+            router_command(dd),
+            kubeconfig,
+            self.run.log_dir,
+            {"POD_NAMESPACE": ns},
+            RouterSettings(tie_to_parent=True),
+        )
         self.wait_serving(self.run.start_timeout_s)
+        return str(self.router.url)
 
     def children_ready(self) -> bool:
         name, ns = self.settings.deployment, self.settings.namespace
@@ -728,17 +731,20 @@ class ClosedLoop:
         return dict(latest), len(decisions)
 
     def wait_serving(self, timeout_s: float) -> None:
-        """Until the twin's proxy routes to every initial pod (they serve after their model loading)."""
+        """Until the router routes to every initial pod (they serve after their model loading): its
+        /readiness answers ``{"prefill": {"healthy": N}, "decode": {...}}`` (vllm-router 0.1.17 and
+        sglang-router 0.3.2, as run by tests/e2e/test_released_router.py)."""
         import httpx
 
         wanted = {"prefill": self.settings.prefill_replicas, "decode": self.settings.decode_replicas}
 
         def serving() -> bool:
             try:
-                health = httpx.get(f"{self.proxy_url}/health", timeout=5).json()
+                body = self.router.get("/readiness").json()
             except (httpx.HTTPError, ValueError):
                 return False
-            return all(int(health.get(role) or 0) >= count for role, count in wanted.items())
+            counts = {role: int((body.get(role) or {}).get("healthy") or 0) for role in wanted}
+            return all(counts[role] >= count for role, count in wanted.items())
 
         wait_until(serving, timeout_s, "the emulated engines to serve")
 
@@ -786,6 +792,8 @@ class ClosedLoop:
         )
 
     def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
         stop_process(self.twin)
         stop_process(self.operator)
         if self.prometheus is not None:
@@ -868,9 +876,9 @@ class PhaseReport:
 
 
 def run_traffic(
-    proxy_url: str, settings: DemoSettings, on_phase: Callable[[str], None] | None = None
+    router_url: str, settings: DemoSettings, on_phase: Callable[[str], None] | None = None
 ) -> list[PhaseReport]:
-    """Each phase's Poisson load through the twin's proxy, one after the other (blocking).
+    """Each phase's Poisson load through the released router, one after the other (blocking).
 
     A phase sends the requests arriving within its duration, then lets the ones in flight finish
     (at most ``drain_s``) before the next phase starts, so every request it sent is counted.
@@ -883,7 +891,7 @@ def run_traffic(
     for index, phase in enumerate(settings.phases):
         requests = phase_requests(phase, seed=index)
         load = LoadSettings(
-            target=proxy_url,
+            target=router_url,
             max_requests=max(1, len(requests)),
             max_duration_s=phase.duration_s + settings.drain_s,
             model=settings.served_model,
@@ -898,8 +906,8 @@ def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[PhaseReport
     """Run the traffic phases in a thread and sample/print the loop every ``refresh_s`` meanwhile."""
     import threading
 
-    if loop.proxy_url is None:
-        raise RuntimeError("the live twin's proxy is not up")
+    if loop.router is None:
+        raise RuntimeError("the router is not up")
     settings = loop.settings
     reports: list[PhaseReport] = []
     failure: list[BaseException] = []
@@ -907,7 +915,7 @@ def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[PhaseReport
 
     def traffic() -> None:
         try:
-            reports.extend(run_traffic(str(loop.proxy_url), settings, on_phase=lambda p: current.append(p)))
+            reports.extend(run_traffic(str(loop.router.url), settings, on_phase=lambda p: current.append(p)))
         except BaseException as error:  # reported by the main thread
             failure.append(error)
 
@@ -1000,8 +1008,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(
             kubectl_get(cluster, settings.namespace, "dd,ratiopolicies,deployments,services,pods"), file=out
         )
-        _step(out, "live twin: one emulated engine per pod, annotated for Prometheus")
+        _step(out, "live twin: one emulated engine per pod, listening on the pod's own IP")
         loop.start_twin()
+        _step(out, "released router with the operator's command line and Kubernetes service discovery")
+        _step(out, f"router serving every initial pod at {loop.start_router()}")
         phases = ", then ".join(
             f"{p.name} ({p.prompt_tokens}-token prompts) for {p.duration_s:.0f}s" for p in settings.phases
         )

@@ -50,7 +50,7 @@ def test_phases_are_found_by_elapsed_time() -> None:
     assert SETTINGS.phase_at(500).name == "documents"
 
 
-def test_prometheus_scrapes_the_twin_endpoint_before_labelling() -> None:
+def test_prometheus_scrapes_the_engine_pods_as_discovered_and_the_operator() -> None:
     pods = {
         "job_name": "engines",
         "kubernetes_sd_configs": [{"role": "pod"}],
@@ -61,12 +61,8 @@ def test_prometheus_scrapes_the_twin_endpoint_before_labelling() -> None:
     }
     config = prometheus_config(pods, "127.0.0.1:9300", 2.0)
     engines, operator = config["scrape_configs"]
-    targets = [r.get("target_label") for r in engines["relabel_configs"]]
-    assert targets == ["__address__", "__address__", "__metrics_path__"]
-    twin = engines["relabel_configs"][1]
-    assert twin["source_labels"] == ["__meta_kubernetes_pod_annotation_disagg_dev_twin_endpoint"]
-    assert pods["relabel_configs"][0] is engines["relabel_configs"][0]  # the input is not modified
-    assert len(pods["relabel_configs"]) == 2
+    # pods are scraped at their own IPs (kwok's 127.0.0.0/8 CIDR): no twin-specific address rule
+    assert engines == pods and engines is not pods
     assert operator["static_configs"] == [{"targets": ["127.0.0.1:9300"]}]
     assert config["global"]["scrape_interval"] == "2s"
 

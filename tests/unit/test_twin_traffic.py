@@ -122,3 +122,11 @@ def test_rate_scaling_compresses_time() -> None:
     fast = scale_rate(reqs, 4.0)
     assert fast[-1].arrival_s == pytest.approx(reqs[-1].arrival_s / 4)
     assert [r.prompt_tokens for r in fast] == [r.prompt_tokens for r in reqs]
+
+
+def test_synthetic_prompts_have_the_asked_length_and_share_no_prefix() -> None:
+    from disagg.twin.live.load import synthetic_prompt
+
+    prompts = [synthetic_prompt(64, i) for i in range(50)]
+    assert all(len(p) == 64 for p in prompts)
+    assert len({p[0] for p in prompts}) == 50  # a cache-aware router sees 50 different prefixes

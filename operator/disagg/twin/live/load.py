@@ -119,16 +119,21 @@ def trace_requests(path: Path, limit: int) -> list[LoadRequest]:
     ]
 
 
-def synthetic_prompt(tokens: int) -> list[int]:
-    """A prompt of exactly ``tokens`` token ids (the engines count ids; the values carry no meaning)."""
-    return [1000 + (i % 20000) for i in range(tokens)]
+def synthetic_prompt(tokens: int, index: int = 0) -> list[int]:
+    """A prompt of exactly ``tokens`` token ids (the engines count ids; the values carry no meaning).
+
+    Each request's ids start at a different offset, so no two prompts share a prefix: a cache-aware
+    router (vllm-router's and sglang-router's default policy) would otherwise send every request to the
+    one worker holding the "cached" prefix, which traces of distinct documents never do."""
+    start = (index * 7919) % 20000  # 7919 is prime, so offsets cycle through all 20000 values
+    return [1000 + ((start + i) % 20000) for i in range(tokens)]
 
 
 async def _one(
     session: aiohttp.ClientSession, settings: LoadSettings, request: LoadRequest, index: int
 ) -> ClientResult:
     body: dict[str, object] = {
-        "prompt": synthetic_prompt(request.prompt_tokens),
+        "prompt": synthetic_prompt(request.prompt_tokens, index),
         "max_tokens": request.output_tokens,
         "stream": True,
     }
