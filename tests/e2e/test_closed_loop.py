@@ -49,7 +49,8 @@ SCENARIO = DemoSettings(
 
 @contextlib.contextmanager
 def running(cluster: ClusterInfo, settings: DemoSettings, tmp_path: Path) -> Iterator[ClosedLoop]:
-    """Prometheus, the operator, the scenario's objects and the live twin, stopped afterwards."""
+    """Prometheus, the operator, the scenario's objects, the live twin and the released router (the
+    traffic goes through it), stopped afterwards."""
     (port,) = free_ports(1)
     kube = KubeApi(load_api_client(cluster.kubeconfig))
     loop = ClosedLoop(
@@ -62,10 +63,11 @@ def running(cluster: ClusterInfo, settings: DemoSettings, tmp_path: Path) -> Ite
         loop.apply_scenario()
         wait_until(loop.children_ready, 120, "the deployment's children")
         loop.start_twin()
+        loop.start_router()
         yield loop
     finally:
         loop.stop()
-        for name in ("operator.log", "twin.log"):
+        for name in ("operator.log", "twin.log", "vllm-router.log"):
             log = tmp_path / "logs" / name
             if log.is_file():
                 print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
