@@ -488,3 +488,12 @@ async def sglang_checks(pool: PodPool, router: RouterProcess) -> None:
         assert (record.bootstrap.host, record.bootstrap.port) == (prefill.spec.host, BOOTSTRAP_PORT)
         assert record.outcome == "bootstrap-decode" and record.finish_reason == "length", record
         assert prefilled[room].outcome == "bootstrap-prefill"
+    # the router's own exposition, which Prometheus scrapes from router pods: in HTTP PD mode 0.3.2
+    # exports request durations but no TTFT histogram (smg_router_ttft_seconds stays unregistered), so
+    # the policy's user TTFT falls back to the engine sides' sum (disagg.metrics.queries.ROUTER_METRICS)
+    assert router.metrics_url is not None
+    exposition = (await asyncio.to_thread(httpx.get, router.metrics_url, timeout=5.0)).text
+    assert "smg_router_request_duration_seconds_count" in exposition
+    assert "smg_router_ttft_seconds_count" not in exposition, (
+        "the router now exports TTFT: check the policy reads it"
+    )

@@ -35,11 +35,14 @@ Metric names (sources):
   mean compute time is its mean TTFT less its mean queue time.
 
 Routers (the end-to-end view, preferred when present):
-* sglang-router 0.3.2 exports ``smg_router_ttft_seconds`` (time to first token as the client sees it,
+* sglang-router 0.3.2 defines ``smg_router_ttft_seconds`` (time to first token as the client sees it,
   router included) and ``smg_router_tpot_seconds`` (strings in the released wheel's
   ``sglang_router/sglang_router_rs.abi3.so``). When its TTFT histogram has observations in the window,
-  the user TTFT is read from it instead of the sum of the two engine sides. ITL stays the decode engine's
-  inter-token histogram: TPOT is a per-request mean, not the per-token gap the SLO is written on.
+  the user TTFT is read from it instead of the sum of the two engine sides. Run in the HTTP PD mode the
+  operator deploys, 0.3.2 exports request durations but no TTFT (tests/e2e/test_released_router.py), so
+  today the sum is what is used; the query costs nothing when the series is absent. ITL stays the
+  decode engine's inter-token histogram: TPOT is a per-request mean, not the per-token gap the SLO is
+  written on.
 * vllm-router 0.1.17 exports request durations only (``vllm_router_request_duration_seconds``,
   ``vllm_router_pd_request_duration_seconds``; same source, ``vllm_router_rs.abi3.so``), no TTFT: the
   engine sum is used.
