@@ -14,13 +14,11 @@ e2e test (tests/e2e/test_closed_loop.py), which asserts what the demo shows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import html
 import itertools
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -536,16 +534,9 @@ def _spawn(command: Sequence[str], env: Mapping[str, str], log_path: Path) -> su
 
 def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
     """SIGTERM the process group started for ``process``; SIGKILL after ``timeout_s``."""
-    if process is None or process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    from disagg.cluster.local import stop_process_group
+
+    stop_process_group(process, timeout_s)
 
 
 def operator_command(settings: DemoSettings, run: RunSettings, prometheus_url: str | None) -> list[str]:

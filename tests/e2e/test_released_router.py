@@ -212,31 +212,42 @@ def assert_prefill_then_decode(loop: Loop, before: set[str]) -> set[str]:
     return new
 
 
-def test_released_vllm_router_drives_the_nixl_handshake_and_follows_the_pods(
-    cluster: ClusterInfo, namespace: str, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def deployed(
+    cluster: ClusterInfo, namespace: str, manifest: dict[str, Any], tmp_path: Path
+) -> Iterator[tuple[KubeApi, Path]]:
+    """The operator (``disagg run``) reconciling ``manifest``; yields the API and a kubeconfig of the
+    router's own ServiceAccount once the operator has created it. The DD is deleted afterwards while
+    the operator still runs (so kopf releases its finalizer)."""
     kube = KubeApi(load_api_client(cluster.kubeconfig))
     install_crds(kube)
-    manifest = deployment(namespace)
-    dd = DisaggregatedDeployment.model_validate(manifest)
+    name = manifest["metadata"]["name"]
     with operator(cluster, namespace, tmp_path / "operator.log") as op:
         try:
             apply_object(kube, manifest, field_manager="disagg-e2e")
-            sa = f"{NAME}-router"
+            sa = f"{name}-router"
             wait_for(lambda: kube.get(SERVICEACCOUNT, namespace, sa), timeout_s=90, what="the router's SA")
-            # the router authenticates as its own ServiceAccount: the Role the operator rendered is what
-            # lets it list and watch the pods, and nothing beyond its namespace
-            kubeconfig = service_account_kubeconfig(cluster, namespace, sa, tmp_path / "router.kubeconfig")
-            assert _can_list_pods(cluster, kubeconfig, namespace) == 200
-            assert _can_list_pods(cluster, kubeconfig, "default") == 403
-            asyncio.run(scenario(kube, namespace, dd, kubeconfig, tmp_path))
+            yield kube, service_account_kubeconfig(cluster, namespace, sa, tmp_path / "router.kubeconfig")
         finally:
             print(
                 "--- operator log (tail)\n" + (tmp_path / "operator.log").read_text(errors="replace")[-3000:]
             )
-            if op.poll() is None:  # release kopf's finalizer while the operator runs
-                kube.delete(DISAGG_DEPLOYMENT, namespace, NAME)
-                wait_for(lambda: kube.get(DISAGG_DEPLOYMENT, namespace, NAME) is None, what="the DD deleted")
+            if op.poll() is None:
+                kube.delete(DISAGG_DEPLOYMENT, namespace, name)
+                wait_for(lambda: kube.get(DISAGG_DEPLOYMENT, namespace, name) is None, what="the DD deleted")
+
+
+def test_released_vllm_router_drives_the_nixl_handshake_and_follows_the_pods(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path
+) -> None:
+    manifest = deployment(namespace)
+    dd = DisaggregatedDeployment.model_validate(manifest)
+    with deployed(cluster, namespace, manifest, tmp_path) as (kube, kubeconfig):
+        # the router authenticates as its own ServiceAccount: the Role the operator rendered is what
+        # lets it list and watch the pods, and nothing beyond its namespace
+        assert _can_list_pods(cluster, kubeconfig, namespace) == 200
+        assert _can_list_pods(cluster, kubeconfig, "default") == 403
+        asyncio.run(scenario(kube, namespace, dd, kubeconfig, tmp_path))
 
 
 def _can_list_pods(cluster: ClusterInfo, kubeconfig: Path, namespace: str) -> int:
@@ -411,26 +422,10 @@ def sglang_deployment(namespace: str) -> dict[str, Any]:
 def test_released_sglang_router_pairs_prefill_and_decode_through_the_bootstrap_room(
     cluster: ClusterInfo, namespace: str, tmp_path: Path
 ) -> None:
-    kube = KubeApi(load_api_client(cluster.kubeconfig))
-    install_crds(kube)
     manifest = sglang_deployment(namespace)
     dd = DisaggregatedDeployment.model_validate(manifest)
-    with operator(cluster, namespace, tmp_path / "operator.log") as op:
-        try:
-            apply_object(kube, manifest, field_manager="disagg-e2e")
-            sa = f"{SGLANG_NAME}-router"
-            wait_for(lambda: kube.get(SERVICEACCOUNT, namespace, sa), timeout_s=90, what="the router's SA")
-            kubeconfig = service_account_kubeconfig(cluster, namespace, sa, tmp_path / "router.kubeconfig")
-            asyncio.run(sglang_scenario(kube, namespace, dd, kubeconfig, tmp_path))
-        finally:
-            print(
-                "--- operator log (tail)\n" + (tmp_path / "operator.log").read_text(errors="replace")[-3000:]
-            )
-            if op.poll() is None:
-                kube.delete(DISAGG_DEPLOYMENT, namespace, SGLANG_NAME)
-                wait_for(
-                    lambda: kube.get(DISAGG_DEPLOYMENT, namespace, SGLANG_NAME) is None, what="the DD deleted"
-                )
+    with deployed(cluster, namespace, manifest, tmp_path) as (kube, kubeconfig):
+        asyncio.run(sglang_scenario(kube, namespace, dd, kubeconfig, tmp_path))
 
 
 async def sglang_scenario(

@@ -222,6 +222,21 @@ def kill_with_parent() -> None:  # pragma: no cover - runs in the child between 
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+def stop_process_group(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
+    """SIGTERM the process group ``process`` leads (started with start_new_session); SIGKILL after
+    ``timeout_s``. Nothing to do for None or a process that already exited."""
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def _pid_alive(pid: int, binary: Path | None = None) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

@@ -7,8 +7,6 @@ starts Debian's Prometheus with the lifecycle API on a free port and waits for `
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ import httpx
 import yaml
 
 from disagg.cluster.binaries import BuildSettings, ensure_binary
-from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent
+from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent, stop_process_group
 
 
 class PrometheusError(RuntimeError):
@@ -76,15 +74,7 @@ class PrometheusProcess:
         return self.process.poll() is None
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=self.settings.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process, self.settings.stop_timeout_s)
         (self.workdir / "prometheus.pid").unlink(missing_ok=True)
 
     def log_tail(self, tail_bytes: int = 3000) -> str:

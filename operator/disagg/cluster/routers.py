@@ -13,10 +13,8 @@ ServiceAccount (a TokenRequest), so the RBAC the operator renders for it is what
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import re
-import signal
 import ssl
 import subprocess
 import time
@@ -28,7 +26,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent
+from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent, stop_process_group
 from disagg.cluster.released import ensure_venv, pinned_releases
 
 RouterKind = Literal["vllm", "sglang"]
@@ -98,15 +96,7 @@ class RouterProcess:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=self.settings.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process, self.settings.stop_timeout_s)
 
     def log_tail(self, tail_bytes: int = 4000) -> str:
         if not self.log_path.is_file():
