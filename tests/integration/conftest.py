@@ -7,6 +7,7 @@ the end of its log to a failing test's report.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import socket
@@ -23,7 +24,8 @@ from typing import Any
 import pytest
 
 from disagg.api.crd import all_crds
-from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, KubeApi
+from disagg.k8s.apply import DEPLOYMENT_LABEL
+from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, JOB, MERGE_PATCH, POD, JsonDict, Kind, KubeApi
 
 _OPERATOR_KEY = pytest.StashKey[list["OperatorProcess"]]()
 _LOG_TAIL_BYTES = 8000
@@ -226,3 +228,115 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(
                 (f"operator[{index}] log (last {_LOG_TAIL_BYTES} bytes)", operator.log_tail())
             )
+
+
+# ------------------------------------------------------------------------------------------ model cache
+# kwok runs no containers and the local cluster has no storage provisioner: these play the kubelet and
+# the provisioner for deployments with spec.model.cache (tests/integration/test_model_cache.py).
+PERSISTENT_VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespaced=False)
+CACHE_TIMEOUT_S = 120.0
+
+
+def provide_cache_volume(kube: KubeApi, doc: JsonDict, namespace: str) -> str | None:
+    """For a deployment with spec.model.cache: a PersistentVolume reserved for its claim (there is no
+    provisioner here), so the scheduler can place the download and engine pods. Returns the volume's name
+    (cluster-scoped: the caller deletes it), None without a cache."""
+    cache = ((doc.get("spec") or {}).get("model") or {}).get("cache")
+    if not cache:
+        return None
+    claim, name = cache["claimName"], f"{namespace}-{cache['claimName']}"[:63]
+    size = (cache.get("create") or {}).get("size", "200Gi")
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": f"/models/{name}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        field_manager="disagg-tests",
+        kind=PERSISTENT_VOLUME,
+    )
+    return name
+
+
+def owned_job(kube: KubeApi, namespace: str, name: str) -> JsonDict | None:
+    jobs = kube.list(JOB, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
+    return jobs[0] if len(jobs) == 1 else None
+
+
+def complete_download(kube: KubeApi, namespace: str, name: str) -> str:
+    """Play the kubelet for the download Job of DisaggregatedDeployment ``name``: its Running pod exits 0
+    (pod status subresource); the Job controller then marks the Job Complete. Returns the Job's name."""
+    job: JsonDict = poll(
+        lambda: owned_job(kube, namespace, name),
+        what=f"the download Job of {name}",
+        timeout_s=CACHE_TIMEOUT_S,
+    )
+    job_name = str(job["metadata"]["name"])
+
+    def running() -> JsonDict | None:
+        pods = kube.list(POD, namespace, label_selector=f"job-name={job_name}")
+        return next((p for p in pods if (p.get("status") or {}).get("phase") == "Running"), None)
+
+    pod: JsonDict = poll(
+        running, what=f"a Running pod of Job {job_name} (scheduled on a kwok node)", timeout_s=CACHE_TIMEOUT_S
+    )
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "phase": "Succeeded",
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+        ],
+        "containerStatuses": [
+            {
+                "name": "download",
+                "image": pod["spec"]["containers"][0]["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
+                },
+            }
+        ],
+    }
+    kube.request(
+        "PATCH",
+        POD.path(namespace, pod["metadata"]["name"], "status"),
+        body={"status": status},
+        content_type=MERGE_PATCH,
+    )
+    return job_name
+
+
+@dataclass
+class ModelCachePlayer:
+    """``provide_volume(doc, namespace)`` reserves a PersistentVolume for a cached deployment's claim
+    (deleted after the test); ``complete_download(namespace, name)`` lets its download Job succeed."""
+
+    kube: KubeApi
+    volumes: list[str]
+
+    def provide_volume(self, doc: JsonDict, namespace: str) -> str | None:
+        name = provide_cache_volume(self.kube, doc, namespace)
+        if name is not None:
+            self.volumes.append(name)
+        return name
+
+    def complete_download(self, namespace: str, name: str) -> str:
+        return complete_download(self.kube, namespace, name)
+
+
+@pytest.fixture
+def model_cache(kube: KubeApi) -> Iterator[ModelCachePlayer]:
+    player = ModelCachePlayer(kube, [])
+    yield player
+    for name in player.volumes:
+        kube.delete(PERSISTENT_VOLUME, None, name)

@@ -35,7 +35,7 @@ from disagg.k8s.client import (
 from disagg.render import render_children
 
 if TYPE_CHECKING:
-    from conftest import OperatorFactory, OperatorProcess  # tests/integration/conftest.py
+    from conftest import ModelCachePlayer, OperatorFactory, OperatorProcess  # tests/integration/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -224,18 +224,23 @@ def test_example_becomes_ready_with_owned_children(
     kube: KubeApi,
     namespace: str,
     operator_process: OperatorProcess,
+    model_cache: ModelCachePlayer,
 ) -> None:
     docs = example_documents(example, namespace)
     dds = [d for d in docs if d["kind"] == "DisaggregatedDeployment"]
     assert dds, f"{example.name} holds no DisaggregatedDeployment"
     volumes = [v for v in (provide_model_volume(kube, d, namespace) for d in dds) if v]
     request.addfinalizer(lambda: [kube.delete(PERSISTENT_VOLUME, None, v) for v in volumes])
+    for doc in dds:
+        model_cache.provide_volume(doc, namespace)  # spec.model.cache: a volume for its claim
     for doc in docs:
         apply(kube, doc)
     for doc in dds:
         name = doc["metadata"]["name"]
         owner = get_dd(kube, namespace, name)
         wait_children(kube, owner)
+        if doc["spec"]["model"].get("cache"):  # the pools wait for the download Job: let it succeed
+            model_cache.complete_download(namespace, name)
         obj = wait_ready(kube, namespace, name)
         status = obj["status"]
         assert status["observedGeneration"] == obj["metadata"]["generation"]

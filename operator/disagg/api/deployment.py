@@ -87,7 +87,8 @@ class HuggingFaceSource(ApiModel):
     )
     token_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding a Hugging Face token (gated models); exposed as HF_TOKEN.",
+        description="Secret key holding a Hugging Face token (gated models); exposed as HF_TOKEN to the "
+        "engine pods, or with model.cache to the download Job only.",
     )
 
 
@@ -129,8 +130,98 @@ class ModelSource(ApiModel):
         return self
 
 
+# A PersistentVolumeClaim's name is a DNS-1123 subdomain (k8s.io/apimachinery validation.IsDNS1123Subdomain).
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Storage quantities a PVC request takes (the binary and decimal suffixes of resource.Quantity).
+STORAGE_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+CACHE_NEEDS_HUGGING_FACE = (
+    "spec.model.cache: needs spec.model.source.huggingFace (a pvc source already holds the weights)"
+)
+READ_ONLY_CREATE_NEEDS_PREFILLED = (
+    "spec.model.cache.create.accessMode ReadOnlyMany needs spec.model.cache.prefilled: true (the download "
+    "Job must write the volume; use ReadWriteMany to have the operator fill it)"
+)
+
+
+class ModelCacheCreate(ApiModel):
+    """The PersistentVolumeClaim the operator creates for the cache (owned by the DisaggregatedDeployment)."""
+
+    size: str = Field(
+        min_length=1,
+        max_length=32,
+        pattern=STORAGE_QUANTITY,
+        description="Storage the claim requests, e.g. 200Gi (a 70B model in bf16 takes about 140 GB).",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="StorageClass of the claim (default: the cluster's default StorageClass). It must "
+        "provision volumes with the access mode below.",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = Field(
+        default="ReadWriteMany",
+        description="Access mode of the claim: ReadWriteMany (the download Job writes it, every engine pod "
+        "on any node mounts it read-only) or ReadOnlyMany (only with prefilled: the volume is filled by "
+        "other means, e.g. your storage class provisions it from a snapshot).",
+    )
+
+
+class ModelCacheSpec(ApiModel):
+    """A PersistentVolumeClaim holding the Hugging Face cache of the model, shared by every engine pod.
+
+    Filled once by a download Job the operator runs per model id and revision (unless prefilled); the
+    pools run no replica until it has succeeded, then every pod mounts the claim read-only with
+    HF_HUB_OFFLINE=1, so a scale-up loads the weights from the volume instead of downloading them again.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "!has(self.create) || self.create.accessMode != 'ReadOnlyMany' || self.prefilled",
+                    READ_ONLY_CREATE_NEEDS_PREFILLED,
+                    ".create.accessMode",
+                )
+            ]
+        }
+    )
+
+    claim_name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=DNS1123_SUBDOMAIN,
+        description="Name of the PersistentVolumeClaim (same namespace). Without create it must exist and "
+        "be mountable by every engine pod (ReadOnlyMany or ReadWriteMany).",
+    )
+    create: ModelCacheCreate | None = Field(
+        default=None,
+        description="Have the operator create the claim (deleted with the DisaggregatedDeployment); "
+        "without it the claim is yours.",
+    )
+    prefilled: bool = Field(
+        default=False,
+        description="The claim already holds the model in the Hugging Face cache layout "
+        "(models--ORG--NAME/...), filled by you: no download Job runs and the pools start at once.",
+    )
+
+    @model_validator(mode="after")
+    def _read_only_create(self) -> Self:
+        if self.create is not None and self.create.access_mode == "ReadOnlyMany" and not self.prefilled:
+            raise ValueError(READ_ONLY_CREATE_NEEDS_PREFILLED)
+        return self
+
+
 class ModelSpec(ApiModel):
     """The model to serve."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule("!has(self.cache) || has(self.source.huggingFace)", CACHE_NEEDS_HUGGING_FACE, ".cache")
+            ]
+        }
+    )
 
     name: str = Field(
         min_length=1,
@@ -157,6 +248,18 @@ class ModelSpec(ApiModel):
         pattern=r"^[a-z0-9_-]+$",
         description="Quantization method passed to the engine, e.g. fp8, awq, gptq.",
     )
+    cache: ModelCacheSpec | None = Field(
+        default=None,
+        description="Cache the Hugging Face download on a PersistentVolumeClaim the pods mount read-only, "
+        "filled once by a download Job (or prefilled by you), instead of every replica downloading the "
+        "weights into an emptyDir. Only with source.huggingFace.",
+    )
+
+    @model_validator(mode="after")
+    def _cache_source(self) -> Self:
+        if self.cache is not None and self.source.hugging_face is None:
+            raise ValueError(CACHE_NEEDS_HUGGING_FACE)
+        return self
 
     @property
     def served(self) -> str:
@@ -723,8 +826,8 @@ class DisaggregatedDeploymentStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="Ready, Progressing and Degraded (plus MetricsAvailable, ScalingActive and "
-        "ScalingLimited under autoscaling).",
+        description="Ready, Progressing and Degraded (plus ModelCached under spec.model.cache, and "
+        "MetricsAvailable, ScalingActive and ScalingLimited under autoscaling).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: RoleStatus | None = Field(default=None, description="The prefill pool.")
@@ -809,6 +912,8 @@ __all__ = [
     "Engine",
     "EngineSpec",
     "KVTransferSpec",
+    "ModelCacheCreate",
+    "ModelCacheSpec",
     "ModelSource",
     "ModelSpec",
     "RdmaSpec",

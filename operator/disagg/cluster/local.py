@@ -48,13 +48,17 @@ class NodePool:
     cpu: str = "192"
     memory: str = "2Ti"
     pods: str = "110"
+    # Extended resources besides the GPUs, e.g. what an RDMA device plugin advertises ("rdma/ib").
+    extended: tuple[tuple[str, str], ...] = ()
 
     def node_name(self, index: int) -> str:
         return f"kwok-{self.gpu_type}-{index}"
 
 
 DEFAULT_NODE_POOLS: tuple[NodePool, ...] = (
-    NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=4),
+    # H100 nodes carry one RDMA device per GPU, as an RDMA device plugin advertises them (rdma/ib, the
+    # default of spec.kvTransfer.rdma.resourceName), so RDMA examples schedule here as on a GPU cluster.
+    NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=4, extended=(("rdma/ib", "8"),)),
     NodePool(gpu_type="l40s", product="NVIDIA-L40S", count=2),
 )
 
@@ -190,6 +194,7 @@ def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
         "memory": pool.memory,
         "pods": pool.pods,
         GPU_RESOURCE: str(pool.gpus_per_node),
+        **dict(pool.extended),
     }
     return {
         "apiVersion": "v1",

@@ -55,6 +55,10 @@ ALLOWED_ENV_PREFIXES: Mapping[str, str] = {
 ALLOWED_ENV: Mapping[str, str] = {
     "HF_TOKEN": "huggingface_hub (gated model downloads)",
     "HF_HOME": "huggingface_hub (cache location)",
+    # spec.model.cache: the cache directory on the claim, and no download (huggingface_hub 1.31.0
+    # constants.py HF_HUB_CACHE, HF_HUB_OFFLINE; vLLM and SGLang pass local_files_only=HF_HUB_OFFLINE).
+    "HF_HUB_CACHE": "huggingface_hub (the hub cache directory: the model cache claim)",
+    "HF_HUB_OFFLINE": "huggingface_hub (offline mode: weights only from the cache, never downloaded)",
     "POD_NAMESPACE": "downward API, for $(POD_NAMESPACE) expansion by the kubelet",
     "POD_IP": "downward API, for $(POD_IP) expansion by the kubelet",
 }

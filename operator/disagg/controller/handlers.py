@@ -35,6 +35,8 @@ CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("batch", "v1", "jobs"),
+    ("", "v1", "persistentvolumeclaims"),
 )
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.controller.metrics import ControllerMetrics
+from disagg.controller.modelcache import MODEL_CACHED, ModelCacheState, gated_replicas, model_cache_state
 from disagg.controller.settings import ControllerSettings
 from disagg.controller.status import Problem, RoleState, build_status, rfc3339, role_state, status_differs
 from disagg.k8s.apply import (
@@ -31,11 +32,12 @@ from disagg.k8s.apply import (
     apply_children,
     child_key,
     first_difference,
+    is_owned_by,
     list_owned_children,
     matches,
     with_owner,
 )
-from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, SERVICE, JsonDict, KubeApi
+from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, JOB, SERVICE, JsonDict, KubeApi
 from disagg.k8s.events import post_event
 from disagg.render import effective_replicas, render_children
 
@@ -58,6 +60,8 @@ class Applied:
     replicas: dict[str, int] | None  # applied to prefill/decode; None when the render failed
     manifests: dict[ChildKey, JsonDict]  # exactly as applied (owner reference included)
     problem: Problem | None
+    wanted: dict[str, int] | None = None  # the replicas asked for, before the model cache gate
+    model_cached: tuple[bool, str, str] | None = None  # the ModelCached condition written
 
 
 class TransientError(Exception):
@@ -88,10 +92,15 @@ def validate(obj: Mapping[str, Any]) -> tuple[DisaggregatedDeployment | None, Pr
         return None, Problem("InvalidSpec", format_validation_error(error))
 
 
-def render(dd: DisaggregatedDeployment) -> tuple[list[JsonDict], dict[str, int] | None, Problem | None]:
-    """The children and the replicas they carry; a Problem instead when the renderer refuses the spec."""
+def render(
+    dd: DisaggregatedDeployment, cache: ModelCacheState | None = None
+) -> tuple[list[JsonDict], dict[str, int] | None, Problem | None]:
+    """The children and the replicas they carry (0 per pool while the model cache gate holds them); a
+    Problem instead when the renderer refuses the spec."""
     try:
         replicas = dict(effective_replicas(dd))
+        if cache is not None:
+            replicas = gated_replicas(replicas, cache)
         return [dict(child) for child in render_children(dd, replicas)], replicas, None
     except (ValueError, KeyError, TypeError, ValidationError) as error:
         return [], None, Problem("RenderFailed", f"{type(error).__name__}: {error}")
@@ -128,6 +137,12 @@ def router_endpoint(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> st
     return None
 
 
+def _condition_of(cache: ModelCacheState | None) -> tuple[bool, str, str] | None:
+    if cache is None or cache.condition is None:
+        return None
+    return cache.condition.status, cache.condition.reason, cache.condition.message
+
+
 class Reconciler:
     """Reconciles DisaggregatedDeployments through a KubeApi; remembers what it applied per object."""
 
@@ -155,6 +170,13 @@ class Reconciler:
         found = self.applied(key)
         return dict(found.replicas) if found is not None and found.replicas is not None else None
 
+    def wanted_replicas(self, key: Key) -> dict[str, int] | None:
+        """The replicas the last full reconcile was asked for (before the model cache gate held them)."""
+        found = self.applied(key)
+        if found is None or found.replicas is None:
+            return None
+        return dict(found.wanted if found.wanted is not None else found.replicas)
+
     def forget(self, key: Key) -> None:
         with self._lock:
             self._applied.pop(key, None)
@@ -166,12 +188,13 @@ class Reconciler:
     def child_event_level(self, key: Key, child: Mapping[str, Any], deleted: bool) -> int:
         """How much work a watch event of one child needs.
 
-        FULL when the child is gone or differs from what was applied (drift) or nothing is known yet;
+        FULL when the child is gone or differs from what was applied (drift) or nothing is known yet, and
+        for every event of the model cache's download Job (its status decides whether the pools run);
         REFRESH for a Deployment that still matches (its status may have changed: readiness); SKIP for
         any other child that still matches (e.g. the echo of our own apply).
         """
         applied = self.applied(key)
-        if deleted or applied is None:
+        if deleted or applied is None or child.get("kind") == JOB.kind:
             return FULL
         desired = applied.manifests.get(child_key(child))
         if desired is None:
@@ -189,7 +212,7 @@ class Reconciler:
     def needs_reapply(self, obj: Mapping[str, Any]) -> bool:
         """Whether the replicas the object asks for now differ from what was last applied for it."""
         metadata = obj.get("metadata") or {}
-        applied = self.applied_replicas((metadata.get("namespace", ""), metadata.get("name", "")))
+        applied = self.wanted_replicas((metadata.get("namespace", ""), metadata.get("name", "")))
         if applied is None:
             return False  # not applied in this process yet: the create/resume handlers take care of it
         dd, problem = validate(obj)
@@ -229,7 +252,9 @@ class Reconciler:
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
             self.forget((namespace, name))
             return None
-        written = self._write_status(obj, self._live_children(obj), applied.problem, applied.generation)
+        written = self._write_status(
+            obj, self._live_children(obj), applied.problem, applied.generation, applied.model_cached
+        )
         return Outcome(applied.problem, None, written, applied.replicas)
 
     def reconcile_object(self, obj: JsonDict) -> Outcome:
@@ -250,14 +275,23 @@ class Reconciler:
         dd, problem = validate(obj)
         children: list[JsonDict] = []
         replicas: dict[str, int] | None = None
+        wanted: dict[str, int] | None = None
+        cache: ModelCacheState | None = None
+        keep: set[ChildKey] = set()
         if dd is not None:
-            children, replicas, problem = render(dd)
+            cache, job = self._model_cache(obj, dd)
+            if job is not None:
+                keep.add(child_key(job))  # a Job's pod template is immutable: never re-applied
+            children, replicas, problem = render(dd, cache)
+            if problem is None:
+                wanted = dict(effective_replicas(dd))  # it just succeeded inside render
+        model_cached = _condition_of(cache)
         applied: ApplyResult | None = None
         generation = int(metadata.get("generation") or 0)
         manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)}
         if problem is None:
             # remembered before applying, so the watch events our own apply causes are not taken for drift
-            self._remember(key, Applied(generation, replicas, manifests, None))
+            self._remember(key, Applied(generation, replicas, manifests, None, wanted, model_cached))
             try:
                 applied = apply_children(
                     self.api,
@@ -265,6 +299,7 @@ class Reconciler:
                     children,
                     field_manager=self.settings.field_manager,
                     concurrency=self.settings.apply_concurrency,
+                    keep=keep,
                 )
             except ApplyError as error:
                 problem = Problem("ApplyFailed", str(error), transient=not error.permanent)
@@ -272,16 +307,45 @@ class Reconciler:
                 problem = Problem("ApplyFailed", f"API server unreachable: {error}", transient=True)
         if applied is None:
             manifests, replicas = {}, None
-        self._remember(key, Applied(generation, replicas, manifests, problem))
+        elif problem is None and cache is not None and cache.problem is not None:
+            problem = cache.problem  # the download failed: the children are applied, the object Degraded
+        self._remember(key, Applied(generation, replicas, manifests, problem, wanted, model_cached))
         if applied is not None:
             self._count_changes(applied)
             self._announce_changes(obj, applied)
 
         live = applied.live if applied is not None else self._live_children(obj)
-        written = self._write_status(obj, live, problem, generation)
+        written = self._write_status(obj, live, problem, generation, model_cached)
         if problem is not None and problem.transient:
             raise TransientError(problem.message)
         return Outcome(problem, applied, written, replicas)
+
+    def _model_cache(
+        self, obj: Mapping[str, Any], dd: DisaggregatedDeployment
+    ) -> tuple[ModelCacheState | None, JsonDict | None]:
+        """The model cache gate from the live download Job (one GET), and that Job when it exists."""
+        if dd.spec.model.cache is None:
+            return None, None
+        previous = next(
+            (
+                c
+                for c in (obj.get("status") or {}).get("conditions") or []
+                if isinstance(c, Mapping) and c.get("type") == MODEL_CACHED
+            ),
+            None,
+        )
+        name = model_cache_state(dd, None).job_name
+        job = None
+        if name is not None:
+            try:
+                found = self.api.get(JOB, dd.namespace, name)
+            except (ApiException, OSError) as error:
+                raise TransientError(f"reading Job {name}: {error}") from error
+            uid = (obj.get("metadata") or {}).get("uid")
+            # Only our own Job counts: one of the same name that someone else owns is left to the apply
+            # (which fails, naming it) rather than taken for the download.
+            job = found if found is not None and is_owned_by(found, str(uid)) else None
+        return model_cache_state(dd, job, previous), job
 
     def _live_children(self, obj: Mapping[str, Any]) -> dict[tuple[str, str], JsonDict]:
         try:
@@ -316,10 +380,12 @@ class Reconciler:
         live: Mapping[tuple[str, str], Mapping[str, Any]],
         problem: Problem | None,
         generation: int,
+        model_cached: tuple[bool, str, str] | None = None,
     ) -> bool:
         """Patch the status when it changed (optimistic concurrency; re-read and retry on a conflict).
 
-        ``generation`` is the spec generation the status describes (the one last reconciled).
+        ``generation`` is the spec generation the status describes (the one last reconciled);
+        ``model_cached`` the ModelCached condition under spec.model.cache.
         """
         metadata = obj["metadata"]
         roles, endpoint = role_states(live), router_endpoint(live)
@@ -328,7 +394,9 @@ class Reconciler:
             if current_obj is None:
                 return False
             current = current_obj.get("status") or {}
-            new = build_status(current, generation, roles, endpoint, problem, rfc3339(self.clock()))
+            new = build_status(
+                current, generation, roles, endpoint, problem, rfc3339(self.clock()), model_cached
+            )
             if not status_differs(current, new):
                 return False
             try:

@@ -15,6 +15,7 @@ from typing import Any
 from disagg.api.deployment import RoleStatus, RouterStatus, format_ratio
 
 ROLES = ("prefill", "decode", "router")
+MODEL_CACHED = "ModelCached"  # the condition of spec.model.cache (disagg.controller.modelcache)
 SCALED_ROLES = ("prefill", "decode")
 
 
@@ -116,11 +117,14 @@ def build_status(
     router_endpoint: str | None,
     problem: Problem | None,
     now: str,
+    model_cached: tuple[bool, str, str] | None = None,
 ) -> dict[str, Any]:
     """The new status: everything the reconciler owns, merged over ``current`` (other writers' keys kept).
 
     ``roles`` maps prefill/decode/router to their Deployment's state (None: not there). ``problem`` is
-    set when the spec could not be rendered or the children could not be applied.
+    set when the spec could not be rendered or the children could not be applied. ``model_cached`` is
+    the ModelCached condition (status, reason, message) under spec.model.cache; None removes it. While it
+    is False the pools are held at 0 replicas, so the object is not Ready whatever the pools say.
     """
     status: dict[str, Any] = {k: v for k, v in current.items()}
     status["observedGeneration"] = generation
@@ -157,7 +161,18 @@ def build_status(
         message = "children match the spec"
         conditions = set_condition(conditions, "Degraded", False, "Reconciled", message, generation, now)
 
-    if rolled_out:
+    if model_cached is None:
+        conditions = [c for c in conditions if c.get("type") != MODEL_CACHED]
+    else:
+        cached, cache_reason, cache_message = model_cached
+        conditions = set_condition(
+            conditions, MODEL_CACHED, cached, cache_reason, cache_message, generation, now
+        )
+    waiting = model_cached is not None and not model_cached[0]
+    if waiting and model_cached is not None:
+        rolled_out = False
+        ready_reason, ready_message = "ModelNotCached", model_cached[2]
+    elif rolled_out:
         ready_reason, ready_message = "AllReplicasReady", summary
     elif problem is not None and not all_there:
         ready_reason, ready_message = problem.reason, problem.message
@@ -167,6 +182,8 @@ def build_status(
 
     if problem is not None and not problem.transient:
         progressing, reason, message = False, "Blocked", f"cannot progress: {problem.message}"
+    elif waiting and model_cached is not None:
+        progressing, reason, message = True, model_cached[1], model_cached[2]
     elif rolled_out:
         progressing, reason, message = False, "RolloutComplete", summary
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -198,7 +198,11 @@ def _apply_one(api: KubeApi, manifest: JsonDict, field_manager: str) -> tuple[in
 
 # Children are applied in waves so that what pods reference (RBAC, ConfigMaps, Services) exists before the
 # Deployments, and PodDisruptionBudgets come last; within a wave the requests go out concurrently.
-LATER_WAVES: tuple[tuple[str, ...], ...] = (("Deployment", "StatefulSet"), ("PodDisruptionBudget",))
+# The download Job goes with the Deployments: after the claim it mounts.
+LATER_WAVES: tuple[tuple[str, ...], ...] = (
+    ("Deployment", "StatefulSet", "Job"),
+    ("PodDisruptionBudget",),
+)
 
 
 def apply_waves(manifests: Sequence[JsonDict]) -> list[list[JsonDict]]:
@@ -217,12 +221,15 @@ def apply_children(
     field_manager: str = FIELD_MANAGER,
     kinds: Sequence[Kind] = CHILD_KINDS,
     concurrency: int = 4,
+    keep: Collection[ChildKey] = (),
 ) -> ApplyResult:
     """Make the cluster hold exactly ``children`` for ``owner``: apply each, prune owned leftovers.
 
     A child whose live object already holds every rendered field is not re-applied (a resync of an
-    unchanged object costs only the listing). Returns what was created, updated, left unchanged and
-    pruned. Raises ApplyError naming a child that failed; the others may have been applied.
+    unchanged object costs only the listing). A child in ``keep`` that exists is left as it is, neither
+    applied nor pruned (a Job, whose pod template is immutable once created). Returns what was created,
+    updated, left unchanged and pruned. Raises ApplyError naming a child that failed; the others may
+    have been applied.
     """
     namespace = owner["metadata"]["namespace"]
     for child in children:
@@ -238,7 +245,7 @@ def apply_children(
         manifest = with_owner(child, owner)
         key = child_key(manifest)
         before = existing.get(key)
-        if before is not None and matches(manifest, before):
+        if before is not None and (key in keep or matches(manifest, before)):
             result.live[key] = before
             result.unchanged.append(child_label(key))
         else:

@@ -58,6 +58,8 @@ ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
 ROLEBINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
+JOB = Kind("batch/v1", "Job", "jobs")  # the model cache's download Job
+PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")  # the model cache's claim
 DISAGG_DEPLOYMENT = Kind("disagg.dev/v1alpha1", "DisaggregatedDeployment", "disaggregateddeployments")
 CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False)
 
@@ -71,6 +73,8 @@ CHILD_KINDS: tuple[Kind, ...] = (
     SERVICEACCOUNT,
     ROLE,
     ROLEBINDING,
+    JOB,
+    PVC,
 )
 
 

@@ -13,6 +13,8 @@ from disagg.api.deployment import ROLE_NAMES, DisaggregatedDeployment
 from disagg.render.builders import (
     build_decode_deployment,
     build_engine_pod_template,
+    build_model_cache_pvc,
+    build_model_download_job,
     build_pdb,
     build_prefill_deployment,
     build_role_service,
@@ -51,17 +53,24 @@ def render_children(
     replicas: Mapping[str, int] | None = None,
     settings: RenderSettings = DEFAULT_SETTINGS,
 ) -> list[dict[str, Any]]:
-    """Every child of ``dd``, in apply order (RBAC, Services, Deployments, PDBs).
+    """Every child of ``dd``, in apply order (RBAC, model cache claim, Services, download Job,
+    Deployments, PDBs).
 
-    ``replicas`` overrides the pools' replica counts (e.g. :func:`effective_replicas`); a missing role
-    keeps spec.<role>.replicas.
+    ``replicas`` overrides the pools' replica counts (e.g. :func:`effective_replicas`, or 0 while the
+    model cache is being filled); a missing role keeps spec.<role>.replicas.
     """
     counts = dict(replicas or {})
     children: list[dict[str, Any]] = list(build_router_rbac(dd))
+    pvc = build_model_cache_pvc(dd)
+    if pvc is not None:
+        children.append(pvc)
     for role in ROLE_NAMES:
         children.append(build_role_service(dd, role, headless=False, settings=settings))
         children.append(build_role_service(dd, role, headless=True, settings=settings))
     children.append(build_router_service(dd, settings))
+    job = build_model_download_job(dd, settings)
+    if job is not None:
+        children.append(job)
     children.append(build_prefill_deployment(dd, counts.get("prefill"), settings))
     children.append(build_decode_deployment(dd, counts.get("decode"), settings))
     children.append(build_router_deployment(dd, None, settings))
@@ -74,6 +83,8 @@ __all__ = [
     "RenderSettings",
     "build_decode_deployment",
     "build_engine_pod_template",
+    "build_model_cache_pvc",
+    "build_model_download_job",
     "build_pdb",
     "build_prefill_deployment",
     "build_role_service",

@@ -14,11 +14,15 @@ from typing import Any
 from disagg.api.common import EnvVar
 from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
 from disagg.render.engines import (
+    HF_CACHE_VOLUME,
+    HF_HUB_CACHE_DIR,
     EngineContainer,
     engine_container,
     engine_image,
     engine_module,
     engine_port,
+    hf_hub_cache_env,
+    hf_token_env,
 )
 from disagg.render.names import (
     DEPLOYMENT_LABEL,
@@ -27,6 +31,7 @@ from disagg.render.names import (
     child_name,
     headless_name,
     labels,
+    model_download_job_name,
     selector_labels,
 )
 from disagg.render.routers import router_module
@@ -59,6 +64,10 @@ SMP_MERGE_KEYS: Mapping[str, str] = MappingProxyType(
 # Lists whose matching items are replaced rather than merged: a Volume is patchStrategy "retainKeys"
 # (a volume source replaced, never two sources), and an env var is exactly one of value / valueFrom.
 SMP_REPLACE_ITEMS = frozenset({"volumes", "env"})
+DOWNLOAD_CONTAINER = "download"
+# Annotations of the download Job saying what it downloads (its name carries only a hash of them).
+MODEL_ID_ANNOTATION = "disagg.dev/model-id"
+MODEL_REVISION_ANNOTATION = "disagg.dev/model-revision"
 POD_NAMESPACE_ENV: Obj = {
     "name": "POD_NAMESPACE",
     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -454,3 +463,98 @@ def build_router_rbac(dd: DisaggregatedDeployment) -> list[Obj]:
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": dd.namespace}],
     }
     return [service_account, role, binding]
+
+
+# ---------------------------------------------------------------------------------------- model cache
+
+
+def build_model_cache_pvc(dd: DisaggregatedDeployment) -> Obj | None:
+    """The PersistentVolumeClaim of spec.model.cache when spec.model.cache.create asks the operator to
+    create it; None otherwise (no cache, or the claim is the user's)."""
+    cache = dd.spec.model.cache
+    if cache is None or cache.create is None:
+        return None
+    spec: Obj = {
+        "accessModes": [cache.create.access_mode],
+        "resources": {"requests": {"storage": cache.create.size}},
+        "volumeMode": "Filesystem",
+    }
+    if cache.create.storage_class_name:
+        spec["storageClassName"] = cache.create.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(dd, cache.claim_name, "model-cache"),
+        "spec": spec,
+    }
+
+
+def download_command(dd: DisaggregatedDeployment) -> list[str]:
+    """``hf download REPO_ID [--revision R] --cache-dir DIR``: huggingface_hub's CLI (the ``hf`` console
+    script of huggingface_hub 1.31.0, the version vLLM 0.33.0 and transformers 5.19.0 (SGLang 0.5.23)
+    require at least; cli/download.py declares ``repo_id``, ``--revision`` and ``--cache-dir``). Files
+    already in the cache are not downloaded again, so a retried pod resumes."""
+    source = dd.spec.model.source.hugging_face
+    assert source is not None  # the API allows spec.model.cache only with a huggingFace source
+    command = ["hf", "download", source.id]
+    if source.revision:
+        command += ["--revision", source.revision]
+    return [*command, "--cache-dir", HF_HUB_CACHE_DIR]
+
+
+def build_model_download_job(
+    dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj | None:
+    """The Job that fills spec.model.cache's claim once per (model id, revision); None without a cache or
+    when the claim is prefilled.
+
+    It runs the engine image (which ships huggingface_hub and its ``hf`` CLI) with the claim mounted
+    read-write at the Hugging Face cache (HF_HUB_CACHE), so the engines find the files where
+    huggingface_hub looks for them. No ttlSecondsAfterFinished: the Job stays, finished, so the operator
+    keeps reading its outcome (a ttl would delete it and the next reconcile would download again).
+    """
+    cache = dd.spec.model.cache
+    source = dd.spec.model.source.hugging_face
+    if cache is None or cache.prefilled or source is None:
+        return None
+    name = model_download_job_name(dd.name, source.id, source.revision)
+    annotations = {MODEL_ID_ANNOTATION: source.id}
+    if source.revision:
+        annotations[MODEL_REVISION_ANNOTATION] = source.revision
+    container: Obj = {
+        "name": DOWNLOAD_CONTAINER,
+        "image": engine_image(dd, settings),
+        "command": download_command(dd),
+        "env": [hf_hub_cache_env(), *hf_token_env(dd)],
+        "resources": {
+            "requests": {
+                "cpu": settings.model_download_cpu_request,
+                "memory": settings.model_download_memory_request,
+            }
+        },
+        "volumeMounts": [{"name": HF_CACHE_VOLUME, "mountPath": HF_HUB_CACHE_DIR}],
+    }
+    if dd.spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = dd.spec.engine.image_pull_policy
+    metadata = _metadata(dd, name, "model-cache")
+    metadata["annotations"] = annotations
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": settings.model_download_backoff_limit,
+            "activeDeadlineSeconds": settings.model_download_deadline_seconds,
+            "template": {
+                "metadata": {"labels": labels(dd.name, "model-cache"), "annotations": dict(annotations)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": HF_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
+                    ],
+                },
+            },
+        },
+    }

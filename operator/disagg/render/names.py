@@ -2,14 +2,17 @@
 
 Children of a DisaggregatedDeployment ``NAME``: Deployments and Services ``NAME-prefill``,
 ``NAME-decode``, ``NAME-router``; headless Services ``NAME-prefill-headless`` and
-``NAME-decode-headless``. Every child and pod carries :func:`labels`.
+``NAME-decode-headless``; with spec.model.cache, the download Job ``NAME-download-HASH`` (one per model
+id and revision) and, when the operator creates it, the PersistentVolumeClaim spec.model.cache.claimName.
+Every child and pod carries :func:`labels`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
-Component = Literal["prefill", "decode", "router"]
+Component = Literal["prefill", "decode", "router", "model-cache"]
 
 MANAGED_BY = "disagg-operator"
 ROLE_LABEL = "disagg.dev/role"
@@ -22,6 +25,16 @@ def child_name(dd_name: str, component: Component) -> str:
 
 def headless_name(dd_name: str, component: Component) -> str:
     return f"{dd_name}-{component}-headless"
+
+
+def model_download_job_name(dd_name: str, model_id: str, revision: str | None) -> str:
+    """``NAME-download-HASH``: a new Job per (model id, revision), so a changed revision downloads again.
+
+    Seven hex digits keep the name within 63 characters for the longest DisaggregatedDeployment name
+    (46 + len("-download-") + 7), the limit of the job-name label the Job controller puts on its pods.
+    """
+    digest = hashlib.sha256(f"{model_id}@{revision or ''}".encode()).hexdigest()[:7]
+    return f"{dd_name}-download-{digest}"
 
 
 def selector_labels(dd_name: str, component: Component) -> dict[str, str]:

@@ -92,5 +92,15 @@ class RenderSettings:
     router_cpu_request: str = "1"
     router_memory_request: str = "1Gi"
 
+    # --- model cache download Job (spec.model.cache) ---------------------------------------------------
+    # Retries of the download pod before the Job is Failed (batch/v1 JobSpec.backoffLimit; its default is
+    # 6): a transient Hub error is retried, a wrong id or a missing token fails within a few minutes.
+    model_download_backoff_limit: int = 4
+    # A download that runs longer than this fails the Job (DeadlineExceeded) instead of holding the pools
+    # at 0 forever: 140 GB at a sustained 50 MB/s is under 50 minutes; 6 h leaves room for slower links.
+    model_download_deadline_seconds: int = 6 * 3600
+    model_download_cpu_request: str = "1"
+    model_download_memory_request: str = "2Gi"
+
 
 DEFAULT_SETTINGS = RenderSettings()

@@ -45,6 +45,7 @@ from disagg.twin.engine import (
     Step,
 )
 from disagg.twin.latency import LatencyModel, load_latency_model
+from disagg.twin.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s
 from disagg.twin.traffic import Request
 
 if TYPE_CHECKING:
@@ -119,10 +120,12 @@ class SimDeployment:
         return replace(self, mode="colocated", colocated=spec, prefill=None, decode=None)
 
     @staticmethod
-    def from_dict(obj: Mapping[str, Any]) -> SimDeployment:
-        """A small twin deployment document, or a DisaggregatedDeployment object (kind set)."""
+    def from_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
+        """A small twin deployment document, or a DisaggregatedDeployment object (kind set), whose
+        ``startup_delay_s`` then comes from its spec (weights cached on a volume or downloaded, under the
+        ``startup`` assumptions)."""
         if obj.get("kind") == "DisaggregatedDeployment":
-            return _from_dd_dict(obj)
+            return _from_dd_dict(obj, startup)
         try:
             pools: dict[str, Any] = {
                 k: PoolSpec(**v) for k, v in obj.items() if k in ("prefill", "decode", "colocated") and v
@@ -178,8 +181,11 @@ def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
     return value
 
 
-def _from_dd_dict(obj: Mapping[str, Any]) -> SimDeployment:
-    """Model, GPU, TP and replicas of a DisaggregatedDeployment (validated by disagg.api when present)."""
+def _from_dd_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
+    """Model, GPU, TP, replicas and replica start-up delay of a DisaggregatedDeployment (validated by
+    disagg.api when present). The start-up delay is :func:`disagg.twin.startup.spec_startup_delay_s`:
+    spec.model.cache (or a pvc source) loads from the volume, otherwise every replica downloads first;
+    a model the twin has no profile of keeps SimDeployment's default."""
     try:
         from disagg.api.deployment import DisaggregatedDeployment
 
@@ -226,13 +232,19 @@ def _from_dd_dict(obj: Mapping[str, Any]) -> SimDeployment:
         + (_get(spec, "decode", "args") or [])
     ]
     kv = _engine_flag(engine_args, "--kv-cache-dtype") or "auto"
+    weight_dtype = "fp8" if str(dtype).lower() == "fp8" else "bf16"
+    try:
+        delay = spec_startup_delay_s(spec, weight_dtype, startup)
+    except ValueError:  # no twin profile of the model: the simulator itself will say so
+        delay = SimDeployment.startup_delay_s
     return SimDeployment(
         model=model,
         gpu=str(gpu),
-        dtype="fp8" if str(dtype).lower() == "fp8" else "bf16",
+        dtype=weight_dtype,
         kv_dtype="fp8" if kv.startswith("fp8") else "bf16",
         prefill=pool("prefill"),
         decode=pool("decode"),
+        startup_delay_s=delay,
         name=str(name),
     )
 
