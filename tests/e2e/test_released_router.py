@@ -118,12 +118,14 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, what
 class Loop:
     """The twin (pool and follower) plus the router, and what the test reads from them."""
 
-    def __init__(self, kube: KubeApi, namespace: str, pool: PodPool, router: RouterProcess) -> None:
-        self.kube, self.namespace, self.pool, self.router = kube, namespace, pool, router
+    def __init__(
+        self, kube: KubeApi, namespace: str, pool: PodPool, router: RouterProcess, name: str = NAME
+    ) -> None:
+        self.kube, self.namespace, self.pool, self.router, self.name = kube, namespace, pool, router, name
 
     def pods(self, role: str) -> dict[str, dict[str, Any]]:
         """Running, not terminating pods of ``role``: name -> pod."""
-        selector = f"disagg.dev/deployment={NAME},disagg.dev/role={role}"
+        selector = f"disagg.dev/deployment={self.name},disagg.dev/role={role}"
         return {
             p["metadata"]["name"]: p
             for p in self.kube.list(POD, self.namespace, selector)
@@ -304,12 +306,12 @@ def print_exchanges(pool: PodPool, last: int = 5) -> None:
                 print(f"    {record}")
 
 
-async def scale(kube: KubeApi, namespace: str, role: str, replicas: int) -> None:
+async def scale(kube: KubeApi, namespace: str, role: str, replicas: int, name: str = NAME) -> None:
     body = {"spec": {role: {"replicas": replicas}}}
     await asyncio.to_thread(
         kube.request,
         "PATCH",
-        DISAGG_DEPLOYMENT.path(namespace, NAME),
+        DISAGG_DEPLOYMENT.path(namespace, name),
         body=body,
         content_type="application/merge-patch+json",
     )
@@ -373,7 +375,7 @@ async def traffic_with_scale_down(
                 results.append(f"request {i}: {err!r}")
             if len(results) == 10 and not scaled.is_set():
                 scaled.set()
-                await scale(loop.kube, namespace, "decode", 1)
+                await scale(loop.kube, namespace, "decode", 1, loop.name)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     ended = time.monotonic()
@@ -391,9 +393,9 @@ SGLANG_NAME = "llama-sglang"
 BOOTSTRAP_PORT = 8998  # the DD's kvTransfer.bootstrapPort default (SGLang's --disaggregation-bootstrap-port)
 
 
-def sglang_deployment(namespace: str) -> dict[str, Any]:
-    """examples/sglang-mooncake.yaml's model and connector (no RDMA devices: kwok nodes have none), one
-    prefill and one decode replica at TP4."""
+def sglang_deployment(namespace: str, connector: str) -> dict[str, Any]:
+    """examples/sglang-mooncake.yaml's (and sglang-nixl.yaml's) model with ``connector``, one prefill and
+    two decode replicas at TP4."""
     pool = {
         "tensorParallelSize": 4,
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -411,18 +413,19 @@ def sglang_deployment(namespace: str) -> dict[str, Any]:
                 "maxModelLen": 32768,
             },
             "engine": {"type": "sglang"},
-            "kvTransfer": {"connector": "mooncake"},
+            "kvTransfer": {"connector": connector},
             "prefill": {"replicas": 1, **pool},
-            "decode": {"replicas": 1, **pool},
+            "decode": {"replicas": 2, **pool},
             "router": {"replicas": 1, "args": ROUTER_ARGS},
         },
     }
 
 
+@pytest.mark.parametrize("connector", ["mooncake", "nixl"])  # every connector the API accepts with SGLang
 def test_released_sglang_router_pairs_prefill_and_decode_through_the_bootstrap_room(
-    cluster: ClusterInfo, namespace: str, tmp_path: Path
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, connector: str
 ) -> None:
-    manifest = sglang_deployment(namespace)
+    manifest = sglang_deployment(namespace, connector)
     dd = DisaggregatedDeployment.model_validate(manifest)
     with deployed(cluster, namespace, manifest, tmp_path) as (kube, kubeconfig):
         asyncio.run(sglang_scenario(kube, namespace, dd, kubeconfig, tmp_path))
@@ -446,7 +449,7 @@ async def sglang_scenario(
             RouterSettings(tie_to_parent=True),
         )
         try:
-            await sglang_checks(pool, router)
+            await sglang_checks(Loop(kube, namespace, pool, router, SGLANG_NAME), namespace)
         except BaseException:
             print("--- router log (tail)\n" + router.log_tail(6000))
             print_exchanges(pool)
@@ -458,31 +461,42 @@ async def sglang_scenario(
         await pool.close()
 
 
-async def sglang_checks(pool: PodPool, router: RouterProcess) -> None:
-    async def both_healthy() -> bool:
+async def sglang_checks(loop: Loop, namespace: str) -> None:
+    pool, router = loop.pool, loop.router
+
+    async def healthy(workers: int) -> bool:
         response = await asyncio.to_thread(router.get, "/readiness")
         body = response.json() if response.status_code in (200, 503) else {}
-        return bool(body.get("healthy_workers") == 2)
+        return bool(body.get("healthy_workers") == workers)
 
-    await eventually(both_healthy, 120, "the SGLang router to discover the prefill and the decode pod")
+    await eventually(lambda: healthy(3), 120, "the SGLang router to discover the prefill and decode pods")
     (prefill,) = [p for p in pool.pods.values() if p.spec.role == "prefill"]
-    (decode,) = [p for p in pool.pods.values() if p.spec.role == "decode"]
-    assert prefill.server is not None and decode.server is not None
+    assert prefill.server is not None
     assert prefill.spec.engine == "sglang" and prefill.spec.host.startswith("127.")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await asyncio.gather(*(completion(http, router.url, i) for i in range(4)))
         await asyncio.gather(*(streamed_chat(http, router.url, i) for i in range(4)))
-    # the router sent each request to both pods with the same bootstrap room, naming the prefill pod's IP
-    # and the port of its sglang.ai/bootstrap-port annotation (sglang-router pd_router.rs
-    # inject_bootstrap_into_value); the decode engine reached that bootstrap server and paired
-    prefilled = {t.bootstrap.room: t for t in prefill.server.engine.transfers if t.bootstrap is not None}
-    decoded = {t.bootstrap.room: t for t in decode.server.engine.transfers if t.bootstrap is not None}
-    assert len(decoded) == 8 and set(decoded) == set(prefilled), (sorted(prefilled), sorted(decoded))
-    for room, record in decoded.items():
-        assert record.bootstrap is not None and record.bootstrap == prefilled[room].bootstrap
-        assert (record.bootstrap.host, record.bootstrap.port) == (prefill.spec.host, BOOTSTRAP_PORT)
-        assert record.outcome == "bootstrap-decode" and record.finish_reason == "length", record
-        assert prefilled[room].outcome == "bootstrap-prefill"
+        # the router sent each request to both pods with the same bootstrap room, naming the prefill pod's
+        # IP and the port of its sglang.ai/bootstrap-port annotation (sglang-router pd_router.rs
+        # inject_bootstrap_into_value); the decode engine reached that bootstrap server and paired
+        prefilled = {t.bootstrap.room: t for t in prefill.server.engine.transfers if t.bootstrap is not None}
+        decoded = {
+            t.bootstrap.room: t
+            for pod in pool.pods.values()
+            if pod.spec.role == "decode" and pod.server is not None
+            for t in pod.server.engine.transfers
+            if t.bootstrap is not None
+        }
+        assert len(decoded) == 8 and set(decoded) == set(prefilled), (sorted(prefilled), sorted(decoded))
+        for room, record in decoded.items():
+            assert record.bootstrap is not None and record.bootstrap == prefilled[room].bootstrap
+            assert (record.bootstrap.host, record.bootstrap.port) == (prefill.spec.host, BOOTSTRAP_PORT)
+            assert record.outcome == "bootstrap-decode" and record.finish_reason == "length", record
+            assert prefilled[room].outcome == "bootstrap-prefill"
+        # decode 2 -> 1 while a bounded loop of 60 requests runs: none is lost
+        results = await traffic_with_scale_down(loop, http, namespace, set())
+        assert all(r == "ok" for r in results), results
+        await eventually(lambda: healthy(2), 60, "the SGLang router to drop the removed decode pod")
     # the router's own exposition, which Prometheus scrapes from router pods: in HTTP PD mode 0.3.2
     # exports request durations but no TTFT histogram (smg_router_ttft_seconds stays unregistered), so
     # the policy's user TTFT falls back to the engine sides' sum (disagg.metrics.queries.ROUTER_METRICS)
