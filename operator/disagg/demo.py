@@ -520,16 +520,9 @@ def ensure_namespace(kube: KubeApi, namespace: str) -> None:
 
 
 def _spawn(command: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            list(command),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
+    from disagg.cluster.local import spawn_logged
+
+    return spawn_logged(command, log_path, env={**os.environ, **env})
 
 
 def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
@@ -588,20 +581,18 @@ def twin_command(
         settings.served_model,
         "--startup-delay",
         str(settings.startup_delay_s),
-        "--proxy-port",
-        "0",
         "--endpoints-file",
         str(endpoints),
     ]
 
 
-def read_proxy_url(endpoints: Path) -> str | None:
+def read_endpoints(endpoints: Path) -> dict[str, Any] | None:
+    """The live twin's endpoints document (its pods), once it has written one."""
     try:
         document = json.loads(endpoints.read_text())
     except (OSError, ValueError):
         return None
-    url = document.get("proxy") if isinstance(document, dict) else None
-    return str(url) if url else None
+    return document if isinstance(document, dict) else None
 
 
 @dataclass
@@ -662,7 +653,7 @@ class ClosedLoop:
         def started() -> bool:
             if self.twin is not None and self.twin.poll() is not None:
                 raise RuntimeError(f"the live twin exited: see {self.run.log_dir / 'twin.log'}")
-            return read_proxy_url(endpoints) is not None
+            return read_endpoints(endpoints) is not None
 
         wait_until(started, self.run.start_timeout_s, "the live twin")
 

@@ -32,7 +32,7 @@ import pytest
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.local import ClusterInfo, free_ports
 from disagg.cluster.routers import RouterProcess, RouterSettings, service_account_kubeconfig, start_router
-from disagg.cluster.wait import wait_for
+from disagg.cluster.wait import wait_for, wait_for_async
 from disagg.demo import apply_object, install_crds
 from disagg.k8s.client import DISAGG_DEPLOYMENT, POD, SERVICEACCOUNT, KubeApi, load_api_client
 from disagg.render.builders import router_command
@@ -105,14 +105,7 @@ def operator(cluster: ClusterInfo, namespace: str, log_path: Path) -> Iterator[s
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
+    return await wait_for_async(check, timeout_s=timeout_s, what=what)
 
 
 class Loop:

@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
-import pytest
 
+from disagg.cluster.wait import wait_for_async
 from disagg.twin.live.engine import EngineSettings
 from disagg.twin.live.exposition import VLLM_TTFT_BUCKETS
 from disagg.twin.live.latency import LatencyChoice
@@ -34,14 +33,7 @@ CHOICE = LatencyChoice("llama-3.1-8b", "h100", 1)
 
 
 async def _eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
+    return await wait_for_async(check, timeout_s=timeout_s, what=what)
 
 
 async def _fixed_pool(specs: dict[str, PodSpec], time_scale: float) -> PodPool:

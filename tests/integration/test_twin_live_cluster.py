@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from disagg.cluster.wait import wait_for_async
 from disagg.twin.live.engine import EngineSettings
 from disagg.twin.live.follower import ENDPOINT_ANNOTATION, Defaults, Overrides, PodFollower
 from disagg.twin.live.load import LoadRequest, LoadSettings, run_load
@@ -28,14 +28,7 @@ from disagg.twin.live.pods import PodPool, PoolSettings
 
 
 async def _eventually(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
+    return await wait_for_async(check, timeout_s=timeout_s, what=what)
 
 
 def _decode_deployment(name: str, replicas: int, role: str = "decode") -> dict[str, Any]:

@@ -227,6 +227,30 @@ def kill_with_parent() -> None:  # pragma: no cover - runs in the child between 
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+def spawn_logged(
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    tie_to_parent: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a new process group (so :func:`stop_process_group` stops it and what it
+    spawned), stdout and stderr appended to ``log_path``; ``env`` None inherits this process's."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+            preexec_fn=kill_with_parent if tie_to_parent else None,
+        )
+
+
 def stop_process_group(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
     """SIGTERM the process group ``process`` leads (started with start_new_session); SIGKILL after
     ``timeout_s``. Nothing to do for None or a process that already exited."""

@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from disagg.cluster.binaries import BuildSettings, ensure_binary
-from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent, stop_process_group
+from disagg.cluster.local import ClusterInfo, free_ports, spawn_logged, stop_process_group
 
 
 class PrometheusError(RuntimeError):
@@ -120,16 +120,7 @@ def start_prometheus(
         f"--storage.tsdb.retention.time={settings.retention}",
         f"--log.level={settings.log_level}",
     ]
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=workdir,
-            start_new_session=True,
-            preexec_fn=kill_with_parent if settings.tie_to_parent else None,
-        )
+    process = spawn_logged(args, log_path, cwd=workdir, tie_to_parent=settings.tie_to_parent)
     (workdir / "prometheus.pid").write_text(f"{process.pid}\n")
     prom = PrometheusProcess(url, workdir, config_path, log_path, process, settings)
     try:

@@ -63,13 +63,9 @@ def pinned_releases(settings: RenderSettings = DEFAULT_SETTINGS) -> dict[str, Re
     return {package: Release(package, image_version(image)) for package, image in pairs.items()}
 
 
-def _cache_root() -> Path:
-    return default_cache_root()
-
-
 @contextlib.contextmanager
 def _lock(name: str) -> Iterator[None]:
-    root = _cache_root()
+    root = default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with (root / f".{name}.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -94,7 +90,7 @@ def _find_wheel(directory: Path, release: Release) -> Path | None:
 def ensure_wheel(package: str, version: str) -> Path:
     """The released wheel of ``package==version`` for this platform, downloaded once."""
     release = Release(package, version)
-    directory = _cache_root() / "wheels"
+    directory = default_cache_root() / "wheels"
     found = _find_wheel(directory, release) if directory.is_dir() else None
     if found is not None:
         return found
@@ -111,7 +107,7 @@ def ensure_wheel(package: str, version: str) -> Path:
 
 
 def venv_dir(package: str, version: str) -> Path:
-    return _cache_root() / "venvs" / Release(package, version).key
+    return default_cache_root() / "venvs" / Release(package, version).key
 
 
 def ensure_venv(package: str, version: str) -> Path:

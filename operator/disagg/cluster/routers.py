@@ -26,7 +26,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from disagg.cluster.local import ClusterInfo, free_ports, kill_with_parent, stop_process_group
+from disagg.cluster.local import ClusterInfo, free_ports, spawn_logged, stop_process_group
 from disagg.cluster.released import ensure_venv, pinned_releases
 
 RouterKind = Literal["vllm", "sglang"]
@@ -202,17 +202,9 @@ def start_router(
         "KUBECONFIG": str(kubeconfig),
         "NO_PROXY": "127.0.0.0/8,localhost",
     }
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=workdir,
-            env=process_env,
-            start_new_session=True,
-            preexec_fn=kill_with_parent if settings.tie_to_parent else None,
-        )
+    process = spawn_logged(
+        command, log_path, cwd=workdir, env=process_env, tie_to_parent=settings.tie_to_parent
+    )
     metrics = option_value(command, "--prometheus-port")
     router = RouterProcess(
         kind=kind,
