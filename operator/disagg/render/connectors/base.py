@@ -37,3 +37,15 @@ class ConnectorModule(Protocol):
 def refuse(engine: Engine, connector: Connector) -> NoReturn:
     """Rendering a combination the API refuses (only reachable by skipping validation)."""
     raise ValueError(combination(engine, connector).refusal)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A connector the API refuses with every engine: renders nothing, names the refusal if reached."""
+
+    connector: Connector
+
+    def wiring(
+        self, engine: Engine, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
+    ) -> Wiring:
+        refuse(engine, self.connector)

@@ -8,24 +8,6 @@ refuses both combinations, so this module renders nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from disagg.render.connectors.base import Refused
 
-from disagg.api.deployment import DisaggregatedDeployment, RoleName
-from disagg.api.support import Connector, Engine
-from disagg.render.connectors.base import Wiring, refuse
-from disagg.render.settings import RenderSettings
-
-VLLM_CONNECTOR = "LMCacheConnectorV1"  # vllm 0.33.0 kv_connector/factory.py (refused: see above)
-
-
-@dataclass(frozen=True)
-class LMCache:
-    connector: Connector = "lmcache"
-
-    def wiring(
-        self, engine: Engine, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
-    ) -> Wiring:
-        refuse(engine, self.connector)
-
-
-CONNECTOR = LMCache()
+CONNECTOR = Refused("lmcache")

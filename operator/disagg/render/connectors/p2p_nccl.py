@@ -8,22 +8,6 @@ API refuses both combinations (disagg.api.support), so this module renders nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from disagg.render.connectors.base import Refused
 
-from disagg.api.deployment import DisaggregatedDeployment, RoleName
-from disagg.api.support import Connector, Engine
-from disagg.render.connectors.base import Wiring, refuse
-from disagg.render.settings import RenderSettings
-
-
-@dataclass(frozen=True)
-class P2pNccl:
-    connector: Connector = "p2p-nccl"
-
-    def wiring(
-        self, engine: Engine, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
-    ) -> Wiring:
-        refuse(engine, self.connector)
-
-
-CONNECTOR = P2pNccl()
+CONNECTOR = Refused("p2p-nccl")
