@@ -85,11 +85,10 @@ def test_apa_band_and_ratio() -> None:
     assert apa_desired(4, 0.3, 0.6, s) == 2
 
 
-def test_apa_scales_each_role_alone_with_a_cooldown() -> None:
-    s = ApaSettings(decode_kv_target=0.5, cooldown_s=60.0)
+def test_apa_scales_each_role_alone_up_at_once() -> None:
+    # AIBrix's defaults: no scale-up cooldown; metric averaged over 180 s (see test_baselines.py)
+    s = ApaSettings(decode_kv_target=0.5, window_s=1.0)
     targets, state = apa_step(obs(0.0, 5.0, d=2, kv=0.9), ApaState(), 0.0, s)
     assert targets == {"decode": 4}
     again, state = apa_step(obs(30.0, 5.0, d=4, kv=0.9), state, 30.0, s)
-    assert again is None  # cooling down
-    later, _ = apa_step(obs(90.0, 5.0, d=4, kv=0.9), state, 90.0, s)
-    assert later == {"decode": 8}
+    assert again == {"decode": 8}

@@ -1,48 +1,104 @@
-"""Baseline autoscalers to compare the ratio policy against, implemented from their public descriptions.
+"""Baseline autoscalers to compare the ratio policy against, as their sources have them today.
 
-Each is a pure step function ``(observation, state, now) -> (targets | None, state)`` over the same
-:class:`~disagg.policy.types.Observation` the ratio policy gets, so the twin replays them identically.
+Each is a pure step function ``(observation, state, now, settings[, models]) -> (targets | None, state)``
+over the same :class:`~disagg.policy.types.Observation` the ratio policy gets, so the twin replays them
+identically. ``targets`` maps a role to its new replica count (only the roles that change).
 
-* :func:`dynamo_throughput_step`: Dynamo's SLA planner, throughput-based scaling. Source: NVIDIA Dynamo
-  docs, "Planner Design" (https://docs.nvidia.com/dynamo/latest/design-docs/component-design/planner-design):
-  every ``adjustment_interval`` (default 180 s) it reads the request count, ISL, OSL, TTFT and ITL over
-  the interval; keeps correction factors ``prefill_correction = actual_ttft / expected_ttft`` and
-  ``decode_correction = actual_itl / expected_itl``; predicts the next interval's load (here the constant
-  predictor: next = last); prefill replicas = predicted prompt-token throughput x min(1, prefill
-  correction) / interpolated prefill throughput per GPU at that ISL / GPUs per engine; decode replicas =
-  predicted output-token throughput / the decode throughput per GPU interpolated at ITL target / decode
-  correction and context ISL + OSL/2 / GPUs per engine; at least ``min_endpoint`` each; if the GPU budget
-  is exceeded both are scaled down proportionally. The "pre-deployment profile" the interpolators read
-  is computed from the twin's latency model (the same model the simulator runs), i.e. a perfect profile.
-* :func:`apa_step`: an AIBrix-APA-style autoscaler per role, independently. Source: AIBrix docs,
-  "Metric-based Autoscaling" (APA: like HPA, desired = ceil(current x current_value / target_value), with
-  up/down fluctuation tolerances before it acts, default 10%) and the HPA algorithm it follows; a
-  cooldown after each change. Metrics here: prefill running + waiting requests per replica, decode
-  KV-cache usage.
+NVIDIA Dynamo's planner has four ``optimization_target`` values (PlannerConfig,
+``components/src/dynamo/planner/config/planner_config.py`` in ai-dynamo/dynamo; Planner Guide v1.2.0 to
+v1.7.0, https://docs.nvidia.com/dynamo/v1.7.0/knowledge-base/modular-components/planner/planner-guide):
+``throughput`` (the default), ``latency`` and ``load`` force load-based scaling on and throughput-based
+scaling off; ``sla`` runs throughput-based scaling (``enable_throughput_scaling``, default true) and/or
+SLA load-based scaling (``enable_load_scaling``, default false). So the baselines here are:
+
+* :func:`dynamo_load_step`: the load-based "easy mode", ``optimization_target: throughput`` (Dynamo's
+  default; also ``latency`` and ``load``).
+* :func:`dynamo_sla_load_step`: ``optimization_target: sla`` with ``enable_load_scaling: true``
+  (optionally also throughput-based scaling, which then only sets a replica floor).
+* :func:`dynamo_throughput_step`: ``optimization_target: sla`` with its defaults (throughput-based
+  scaling only), the correction-factor algorithm of the v0.9 to v1.1 Planner Design docs.
+* :func:`apa_step`: AIBrix's APA with its released defaults, per role independently.
 * :func:`best_static_split` (in bench/policy_goodput.py, since it needs the simulator): the fixed
   P:D split chosen in hindsight per trace.
+
+Where Dynamo reads per-engine ForwardPassMetrics (FPM) and AIBrix scrapes each pod, these read pool
+figures, so a per-engine value is the pool figure divided by the ready replicas (the router balancing
+engines evenly); "any engine above" / "all engines below" become the mean engine above / below.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from disagg.policy.model_based import LatencyModelLike, RoleModels, decode_batch_at_slo
-from disagg.policy.types import Observation, Role
+from disagg.policy.types import ROLES, Observation, Role, RoleObservation
 
 Targets = dict[str, int]
 
+# One line per contender for a results table: algorithm, mode and the version it follows.
+SOURCES: dict[str, str] = {
+    "dynamo-throughput": (
+        "Dynamo planner, optimization_target=sla, throughput-based scaling (its default mode for sla); "
+        "correction-factor algorithm of the Planner Design docs v0.9-v1.1"
+    ),
+    "dynamo-load": (
+        "Dynamo planner, optimization_target=throughput (the default since v1.0.2): load-based +/-1 on "
+        "static thresholds (core/load_scaling.py; Planner Guide v1.0.2-v1.7.0)"
+    ),
+    "dynamo-sla-load": (
+        "Dynamo planner, optimization_target=sla with enable_load_scaling: per-engine TTFT/ITL estimates, "
+        "+/-1 with consolidation check (core/load_scaling.py, ai-dynamo/dynamo main, v1.7 era)"
+    ),
+    "aibrix-apa": (
+        "AIBrix APA, released defaults: 180 s metric window, up/down tolerance 0.1, x2 up / halve down at "
+        "most, no scale-up cooldown, 300 s scale-down cooldown window (vllm-project/aibrix main)"
+    ),
+}
 
-# --- Dynamo SLA planner, throughput mode ----------------------------------------------------------------
+
+def _value(ok: bool, v: float | None) -> float | None:
+    return v if ok else None
+
+
+def _in_progress(ro: RoleObservation) -> bool:
+    """Dynamo's ``_scaling_in_progress``: the pool's target and its ready engines disagree."""
+    return ro.replicas != ro.ready
+
+
+def _apply_gpu_budget(
+    num_p: int, num_d: int, budget: int | None, gp: int, gd: int, min_endpoint: int
+) -> tuple[int, int]:
+    """Dynamo's GPU budget: over it, both pools are scaled down proportionally (each >= min_endpoint)."""
+    total = num_p * gp + num_d * gd
+    if budget is None or total <= budget:
+        return num_p, num_d
+    scale = budget / total
+    num_p = max(min_endpoint, math.floor(num_p * scale))
+    num_d = max(min_endpoint, math.floor((budget - num_p * gp) / gd))
+    return num_p, num_d
+
+
+def _changed(obs: Observation, num_p: int, num_d: int) -> Targets | None:
+    targets: Targets = {}
+    if num_p != obs.prefill.replicas:
+        targets["prefill"] = num_p
+    if num_d != obs.decode.replicas:
+        targets["decode"] = num_d
+    return targets or None
+
+
+# --- Dynamo planner, throughput-based scaling (optimization_target: sla) --------------------------------
 
 
 @dataclass(frozen=True)
 class DynamoSettings:
     ttft_target_s: float
     itl_target_s: float
-    adjustment_interval_s: float = 180.0  # Dynamo's default adjustment_interval
+    adjustment_interval_s: float = 180.0  # Dynamo's default (throughput_adjustment_interval_seconds)
     min_endpoint: int = 1
+    # Dynamo's default max_gpu_budget is 8 GPUs; None here: the bench's own replica bounds apply instead
     max_gpu_budget: int | None = None
     prefill_gpus_per_engine: int = 1
     decode_gpus_per_engine: int = 1
@@ -77,6 +133,25 @@ def decode_throughput_per_gpu(lm: LatencyModelLike, itl_s: float, context: float
 def dynamo_throughput_step(
     obs: Observation, state: DynamoState, now: float, settings: DynamoSettings, models: RoleModels
 ) -> tuple[Targets | None, DynamoState]:
+    """Dynamo's SLA planner, throughput-based scaling: ``optimization_target: sla`` with its defaults
+    (``enable_throughput_scaling: true``, ``enable_load_scaling: false``).
+
+    Source: NVIDIA Dynamo "Planner Design", throughput-based scaling, as documented v0.9.0 to v1.1
+    (https://docs.nvidia.com/dynamo/v1.1.0/design-docs/component-design/planner-design and
+    https://docs.nvidia.com/dynamo/v-0-9-0/design-docs/planner-design). Every ``adjustment_interval``
+    (default 180 s) it reads the request count, ISL, OSL, TTFT and ITL over the interval; keeps
+    correction factors ``prefill_correction = actual_ttft / expected_ttft`` and ``decode_correction =
+    actual_itl / expected_itl``; predicts the next interval's load (here the constant predictor, next =
+    last; Dynamo's default ``load_predictor`` is ``arima``, planner/config/defaults.py); prefill replicas
+    = predicted prompt-token throughput x min(1, prefill correction) / interpolated prefill throughput per
+    GPU at that ISL / GPUs per engine; decode replicas = predicted output-token throughput / the decode
+    throughput per GPU interpolated at ITL target / decode correction and context ISL + OSL/2 / GPUs per
+    engine; at least ``min_endpoint`` each; over the GPU budget both are scaled down proportionally. The
+    "pre-deployment profile" the interpolators read is computed from the twin's latency model (the same
+    model the simulator runs), i.e. a perfect profile. Newer releases (v1.2+) replace the correction
+    factors by a performance model tuned online from ForwardPassMetrics and cap the change per
+    observation (``max_throughput_scaling_replicas``); that is not modelled here.
+    """
     dt = 0.0 if state.last_time is None else now - state.last_time
     rate = obs.request_rate.value if obs.request_rate.ok and obs.request_rate.value is not None else 0.0
     isl = obs.prompt_tokens_mean.value if obs.prompt_tokens_mean.ok else None
@@ -121,69 +196,482 @@ def dynamo_throughput_step(
     num_d = math.ceil(pred_decode / d_thpt / settings.decode_gpus_per_engine) if d_thpt > 0 else num_p
     num_p, num_d = max(num_p, settings.min_endpoint), max(num_d, settings.min_endpoint)
     # step 5: GPU budget, scaled down proportionally
-    budget = settings.max_gpu_budget
-    gp, gd = settings.prefill_gpus_per_engine, settings.decode_gpus_per_engine
-    total = num_p * gp + num_d * gd
-    if budget is not None and total > budget:
-        scale = budget / total
-        num_p = max(settings.min_endpoint, math.floor(num_p * scale))
-        num_d = max(settings.min_endpoint, math.floor((budget - num_p * gp) / gd))
+    num_p, num_d = _apply_gpu_budget(
+        num_p,
+        num_d,
+        settings.max_gpu_budget,
+        settings.prefill_gpus_per_engine,
+        settings.decode_gpus_per_engine,
+        settings.min_endpoint,
+    )
     fresh = DynamoState(last_adjust=now, last_time=now, p_correction=p_corr, d_correction=d_corr)
     return {"prefill": num_p, "decode": num_d}, fresh
 
 
-# --- AIBrix-APA-style, per role ------------------------------------------------------------------------
+# --- Dynamo planner, load-based "easy mode" (optimization_target: throughput, the default) -------------
+
+# Static thresholds of the easy mode (core/load_scaling.py, the _PREFILL_*/_DECODE_* constants, the same
+# in every version of the file read). Prefill: queued prefill tokens / context length; decode: (scheduled +
+# queued) KV tokens / the engine's KV capacity. (scale up, scale down).
+_EASY_PREFILL: dict[str, tuple[float, float]] = {"throughput": (1.0, 0.1), "latency": (0.1, 0.0)}
+_EASY_DECODE: dict[str, tuple[float, float]] = {"throughput": (1.0, 0.6), "latency": (0.4, 0.1)}
+
+
+@dataclass(frozen=True)
+class DynamoLoadSettings:
+    """Dynamo's load-based planner (PlannerConfig fields in comments)."""
+
+    target: Literal["throughput", "latency", "load"] = "throughput"  # optimization_target
+    # the prefill engine's context length (its max_model_len); 131072 = Llama-3.1's max_position_embeddings
+    # (config.json), vLLM's default max_model_len for the bench's model
+    context_length_tokens: int = 131_072
+    # the decode engine's KV capacity in tokens (max_kv_tokens); None: models.decode.kv_capacity_tokens,
+    # and without models the queued requests' KV is not counted (KV usage alone)
+    kv_capacity_tokens: int | None = None
+    # optimization_target "load" only (required there, no defaults in Dynamo)
+    prefill_scale_up_queue_tokens: int | None = None
+    prefill_scale_down_queue_tokens: int | None = None
+    decode_scale_up_kv_rate: float | None = None  # percent, 0-100
+    decode_scale_down_kv_rate: float | None = None
+    adjustment_interval_s: float = 5.0  # load_adjustment_interval_seconds
+    min_endpoint: int = 1
+    max_gpu_budget: int | None = None  # Dynamo's default is 8; None: the bench's bounds apply
+    prefill_gpus_per_engine: int = 1
+    decode_gpus_per_engine: int = 1
+
+
+@dataclass(frozen=True)
+class DynamoLoadState:
+    last_adjust: float | None = None
+
+
+def _queued_prefill_tokens(obs: Observation, ro: RoleObservation) -> float | None:
+    """Per engine: requests waiting x the mean prompt (FPM ``queued_requests.sum_prefill_tokens``)."""
+    if not ro.queue_depth.ok or ro.queue_depth.value is None or ro.ready <= 0:
+        return None
+    waiting = ro.queue_depth.value / ro.ready
+    if waiting <= 0:
+        return 0.0
+    isl = _value(obs.prompt_tokens_mean.ok, obs.prompt_tokens_mean.value)
+    return None if isl is None else waiting * isl
+
+
+def _decode_kv(obs: Observation, ro: RoleObservation, capacity: int | None) -> tuple[float, float] | None:
+    """Per engine (scheduled, queued) decode KV as fractions of the KV capacity."""
+    if not ro.kv_usage.ok or ro.kv_usage.value is None or ro.ready <= 0:
+        return None
+    queued = 0.0
+    if capacity and ro.queue_depth.ok and ro.queue_depth.value:
+        isl = _value(obs.prompt_tokens_mean.ok, obs.prompt_tokens_mean.value) or 0.0
+        queued = ro.queue_depth.value / ro.ready * isl / capacity
+    return ro.kv_usage.value, queued
+
+
+def _kv_capacity(configured: int | None, models: RoleModels | None) -> int | None:
+    if configured is not None:
+        return configured
+    return models.decode.kv_capacity_tokens if models is not None else None
+
+
+def _easy_prefill(obs: Observation, s: DynamoLoadSettings) -> int | None:
+    """``_prefill_easy_decision``: +1 at or over the scale-up threshold, -1 under the scale-down one."""
+    ro, n = obs.prefill, obs.prefill.ready
+    queued = _queued_prefill_tokens(obs, ro)
+    if queued is None or n <= 0:
+        return None
+    if s.target == "load":
+        if s.prefill_scale_up_queue_tokens is None or s.prefill_scale_down_queue_tokens is None:
+            return None
+        up, down, value = (
+            float(s.prefill_scale_up_queue_tokens),
+            float(s.prefill_scale_down_queue_tokens),
+            queued,
+        )
+    else:
+        up, down = _EASY_PREFILL[s.target]
+        value = queued / s.context_length_tokens
+    if value >= up:
+        return n + 1
+    # throughput: strictly below; latency ("all queues empty") and load: at or below
+    below = value < down if s.target == "throughput" else value <= down
+    if n > 1 and below:
+        return max(n - 1, s.min_endpoint)
+    return None
+
+
+def _easy_decode(obs: Observation, s: DynamoLoadSettings, capacity: int | None) -> int | None:
+    """``_decode_easy_decision``: KV utilisation (scheduled + queued) against the thresholds."""
+    ro, n = obs.decode, obs.decode.ready
+    kv = _decode_kv(obs, ro, capacity)
+    if kv is None or n <= 0:
+        return None
+    util = kv[0] + kv[1]
+    if s.target == "load":
+        if s.decode_scale_up_kv_rate is None or s.decode_scale_down_kv_rate is None:
+            return None
+        up, down = s.decode_scale_up_kv_rate / 100.0, s.decode_scale_down_kv_rate / 100.0
+        over, under = util >= up, util <= down
+    else:
+        up, down = _EASY_DECODE[s.target]
+        over, under = util > up, util < down
+    if over:
+        return n + 1
+    if n > 1 and under:
+        return max(n - 1, s.min_endpoint)
+    return None
+
+
+def dynamo_load_step(
+    obs: Observation,
+    state: DynamoLoadState,
+    now: float,
+    settings: DynamoLoadSettings,
+    models: RoleModels | None = None,
+) -> tuple[Targets | None, DynamoLoadState]:
+    """Dynamo's load-based planner, ``optimization_target: throughput`` (the default), ``latency`` or
+    ``load``, disaggregated mode.
+
+    Sources (ai-dynamo/dynamo): ``components/src/dynamo/planner/core/load_scaling.py``
+    (``_advance_load_disagg``, ``_prefill_easy_decision``, ``_decode_easy_decision``), defaults in
+    ``components/src/dynamo/planner/config/defaults.py`` and ``planner_config.py`` (the validator forces
+    ``enable_load_scaling`` on and ``enable_throughput_scaling`` off for every target but ``sla``);
+    Planner Guide v1.7.0 (throughput is the default; "static thresholds on queue depth and KV cache
+    utilization"). Every ``load_adjustment_interval`` (default 5 s; the bench observes every 30 s, so
+    at most one step per 30 s here), unless either pool is still scaling (target != ready engines: the
+    planner only observes then):
+
+    * prefill, per engine: queued prefill tokens / context length; scale up by one engine if it is >= 1.0
+      (``latency``: >= 0.1), down by one if < 0.1 (``latency``: == 0) and more than one engine;
+    * decode, per engine: (scheduled + queued) KV tokens / KV capacity; up by one if > 1.0 (``latency``:
+      > 0.4), down by one if < 0.6 (``latency``: < 0.1);
+    * ``load``: the same with the user's absolute ``prefill_scale_{up,down}_queue_tokens`` and
+      ``decode_scale_{up,down}_kv_rate`` (%), compared with >= / <=;
+
+    then at least ``min_endpoint`` each and the GPU budget. New counts are relative to the ready engines.
+    """
+    if state.last_adjust is not None and now - state.last_adjust < settings.adjustment_interval_s:
+        return None, state
+    fresh = DynamoLoadState(last_adjust=now)
+    if _in_progress(obs.prefill) or _in_progress(obs.decode):
+        return None, fresh
+    capacity = _kv_capacity(settings.kv_capacity_tokens, models)
+    want_p = _easy_prefill(obs, settings)
+    want_d = _easy_decode(obs, settings, capacity)
+    num_p = want_p if want_p is not None else obs.prefill.ready
+    num_d = want_d if want_d is not None else obs.decode.ready
+    num_p, num_d = max(num_p, settings.min_endpoint), max(num_d, settings.min_endpoint)
+    num_p, num_d = _apply_gpu_budget(
+        num_p,
+        num_d,
+        settings.max_gpu_budget,
+        settings.prefill_gpus_per_engine,
+        settings.decode_gpus_per_engine,
+        settings.min_endpoint,
+    )
+    return _changed(obs, num_p, num_d), fresh
+
+
+# --- Dynamo planner, SLA load-based scaling (optimization_target: sla, enable_load_scaling) -------------
+
+
+@dataclass(frozen=True)
+class DynamoSlaLoadSettings:
+    ttft_target_s: float  # ttft_ms (default 500 ms)
+    itl_target_s: float  # itl_ms (default 50 ms)
+    # the prefill engine's chunked-prefill budget (max_num_batched_tokens, from the worker); the twin's
+    # engine default
+    max_num_batched_tokens: int = 8192
+    kv_capacity_tokens: int | None = None  # max_kv_tokens; None: models.decode.kv_capacity_tokens
+    scale_down_sensitivity: float = 0.8  # load_scaling_down_sensitivity (default 80) / 100
+    adjustment_interval_s: float = 5.0  # load_adjustment_interval_seconds
+    min_endpoint: int = 1
+    max_gpu_budget: int | None = None  # Dynamo's default is 8; None: the bench's bounds apply
+    prefill_gpus_per_engine: int = 1
+    decode_gpus_per_engine: int = 1
+    # enable_throughput_scaling as well: throughput-based scaling then only sets a floor under the
+    # load-based decisions (every throughput_adjustment_interval). None: load-based scaling alone.
+    throughput: DynamoSettings | None = None
+
+
+@dataclass(frozen=True)
+class DynamoSlaLoadState:
+    last_adjust: float | None = None
+    throughput: DynamoState = DynamoState()
+    floor: tuple[int, int] = (0, 0)  # throughput-based lower bounds (prefill, decode)
+
+
+def _prefill_iteration_s(lm: LatencyModelLike, tokens: float, isl: float) -> float:
+    """Wall time of one prefill iteration scheduling ``tokens`` prompt tokens (prompts of ``isl``)."""
+    if tokens <= 0:
+        return 0.0
+    prompts = max(1, math.ceil(tokens / max(isl, 1.0)))
+    each = max(1, round(tokens / prompts))
+    return lm.prefill_time_s([each] * prompts)
+
+
+def estimate_next_ttft(lm: LatencyModelLike, queued_tokens: float, isl: float, max_batched: int) -> float:
+    """Dynamo's ``estimate_next_ttft``: the queue plus one mean prompt, chunked into iterations of at
+    most ``max_num_batched_tokens``, summed (the twin's latency model standing in for the regression)."""
+    total = queued_tokens + isl
+    time, remaining = 0.0, total
+    while remaining > 0:
+        chunk = min(remaining, float(max_batched))
+        time += _prefill_iteration_s(lm, chunk, isl)
+        remaining -= chunk
+    return time
+
+
+def _sla_prefill(obs: Observation, s: DynamoSlaLoadSettings, lm: LatencyModelLike) -> int | None:
+    """``_prefill_load_decision``: +1 if the estimated TTFT misses the SLA; -1 if, with this engine's
+    queue shared by one engine fewer (x N/(N-1)), the queue-induced TTFT stays under
+    ``(SLA - own prefill time) x sensitivity``."""
+    ro, n = obs.prefill, obs.prefill.ready
+    queued = _queued_prefill_tokens(obs, ro)
+    isl = _value(obs.prompt_tokens_mean.ok, obs.prompt_tokens_mean.value)
+    if queued is None or isl is None or n <= 0:
+        return None
+    ttft = estimate_next_ttft(lm, queued, isl, s.max_num_batched_tokens)
+    if ttft > s.ttft_target_s:
+        return n + 1
+    if n > 1:
+        own = estimate_next_ttft(lm, 0.0, isl, s.max_num_batched_tokens)
+        budget = (s.ttft_target_s - own) * s.scale_down_sensitivity
+        post = estimate_next_ttft(lm, queued * n / (n - 1), isl, s.max_num_batched_tokens)
+        if budget > 0 and post - own < budget:
+            return max(n - 1, s.min_endpoint)
+    return None
+
+
+def _sla_decode(
+    obs: Observation, s: DynamoSlaLoadSettings, lm: LatencyModelLike, capacity: int
+) -> int | None:
+    """``_decode_load_decision``: ITL of the next step (batch + 1, scheduled + queued KV + one mean
+    context); +1 if over the SLA; -1 if with the KV (and batch) x N/(N-1) the cache still fits and the
+    ITL stays under SLA x sensitivity."""
+    ro, n = obs.decode, obs.decode.ready
+    kv = _decode_kv(obs, ro, capacity)
+    if kv is None or n <= 0 or not ro.running.ok or ro.running.value is None:
+        return None
+    sched, queued = kv[0] * capacity, kv[1] * capacity
+    batch = ro.running.value / n
+    isl = _value(obs.prompt_tokens_mean.ok, obs.prompt_tokens_mean.value) or 0.0
+    osl = _value(obs.output_tokens_mean.ok, obs.output_tokens_mean.value) or 0.0
+    avg_len = sched / batch if batch >= 1 else isl + osl / 2
+    itl = lm.decode_step_time_s(round(batch) + 1, int(sched + queued + avg_len))
+    if itl > s.itl_target_s:
+        return n + 1
+    if n > 1:
+        k = n / (n - 1)
+        post_kv = (sched + queued) * k
+        if post_kv < capacity:
+            post = lm.decode_step_time_s(round(batch * k) + 1, int(post_kv + avg_len))
+            if post < s.itl_target_s * s.scale_down_sensitivity:
+                return max(n - 1, s.min_endpoint)
+    return None
+
+
+def dynamo_sla_load_step(
+    obs: Observation,
+    state: DynamoSlaLoadState,
+    now: float,
+    settings: DynamoSlaLoadSettings,
+    models: RoleModels,
+) -> tuple[Targets | None, DynamoSlaLoadState]:
+    """Dynamo's SLA load-based planner: ``optimization_target: sla`` with ``enable_load_scaling: true``
+    (and ``enable_throughput_scaling`` when ``settings.throughput`` is set), disaggregated mode.
+
+    Sources (ai-dynamo/dynamo): ``components/src/dynamo/planner/core/load_scaling.py``
+    (``_prefill_load_decision``, ``_decode_load_decision``, ``_scale_decision``),
+    ``core/perf_model/prefill.py`` (``estimate_next_ttft``: queued prefill tokens + the mean ISL chunked
+    by ``max_num_batched_tokens``, the predicted iteration times summed) and ``core/perf_model/decode.py``
+    (``estimate_next_itl``: features (decode requests, decode KV tokens), next step = mean batch + 1 and
+    scheduled + queued KV + one mean context), ``core/throughput_scaling.py`` (with load scaling on, the
+    throughput result is only a lower bound); defaults in ``config/defaults.py``
+    (``load_adjustment_interval`` 5 s, ``load_scaling_down_sensitivity`` 80); Planner Guide and "Tune the
+    Planner" v1.7.0. Every ``load_adjustment_interval`` (the bench observes every 30 s), unless either
+    pool is still scaling: prefill +1 when the estimated TTFT of the next request exceeds the TTFT SLA,
+    -1 when the queue-induced TTFT after consolidation (queue x N/(N-1)) stays under ``(SLA - own
+    prefill time) x sensitivity``; decode +1 when the estimated ITL exceeds the ITL SLA, -1 when after
+    consolidation the KV fits the cache and the ITL stays under ``SLA x sensitivity``; then the
+    throughput floor, ``min_endpoint`` and the GPU budget. Dynamo fits its performance model online from
+    ForwardPassMetrics (regression, or AIConfigurator estimates tuned online) and waits for
+    ``load_min_observations`` (5) first; here the twin's latency model stands in, a perfect model.
+    """
+    throughput_state, floor = state.throughput, state.floor
+    if settings.throughput is not None:
+        bounds, throughput_state = dynamo_throughput_step(
+            obs, state.throughput, now, settings.throughput, models
+        )
+        if bounds is not None:
+            floor = (bounds["prefill"], bounds["decode"])
+    st = replace(state, throughput=throughput_state, floor=floor)
+    if state.last_adjust is not None and now - state.last_adjust < settings.adjustment_interval_s:
+        return None, st
+    st = replace(st, last_adjust=now)
+    if _in_progress(obs.prefill) or _in_progress(obs.decode):
+        return None, st
+    capacity = _kv_capacity(settings.kv_capacity_tokens, models) or models.decode.kv_capacity_tokens
+    want_p = _sla_prefill(obs, settings, models.prefill)
+    want_d = _sla_decode(obs, settings, models.decode, capacity)
+    num_p = want_p if want_p is not None else obs.prefill.ready
+    num_d = want_d if want_d is not None else obs.decode.ready
+    num_p, num_d = max(num_p, floor[0], settings.min_endpoint), max(num_d, floor[1], settings.min_endpoint)
+    num_p, num_d = _apply_gpu_budget(
+        num_p,
+        num_d,
+        settings.max_gpu_budget,
+        settings.prefill_gpus_per_engine,
+        settings.decode_gpus_per_engine,
+        settings.min_endpoint,
+    )
+    return _changed(obs, num_p, num_d), st
+
+
+# --- AIBrix APA, per role -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ApaSettings:
-    prefill_target_per_replica: float = 4.0  # running + waiting requests per prefill replica
-    decode_kv_target: float = 0.6  # KV-cache usage per decode replica
-    up_tolerance: float = 0.1  # APA's up-fluctuation tolerance
-    down_tolerance: float = 0.1  # APA's down-fluctuation tolerance
-    cooldown_s: float = 60.0
+    """AIBrix APA (annotation / spec field in comments; defaults are AIBrix's unless noted)."""
+
+    # The metric and its target value per pod are the user's (no defaults in AIBrix). Prefill: running +
+    # waiting requests per replica ("waiting": waiting only, like the prefill_queue_length of AIBrix's
+    # StormService P/D sample, target 10); decode: KV-cache usage (kv_cache_usage_perc, target 0.5 in
+    # AIBrix's APA sample). These two targets are this bench's choice.
+    prefill_target_per_replica: float = 4.0
+    prefill_metric: Literal["running+waiting", "waiting"] = "running+waiting"
+    decode_kv_target: float = 0.6
+    up_tolerance: float = 0.1  # autoscaling.aibrix.ai/scale-up-tolerance
+    down_tolerance: float = 0.1  # autoscaling.aibrix.ai/scale-down-tolerance
+    max_scale_up_rate: float = 2.0  # autoscaling.aibrix.ai/max-scale-up-rate: at most x2 per decision
+    max_scale_down_rate: float = 2.0  # autoscaling.aibrix.ai/max-scale-down-rate: at most halve
+    window_s: float = 180.0  # spec.observeWindowSeconds: the metric's moving-average window
+    scale_up_cooldown_s: float = 0.0  # autoscaling.aibrix.ai/scale-up-cooldown-window
+    scale_down_cooldown_s: float = 300.0  # autoscaling.aibrix.ai/scale-down-cooldown-window
+    # What the scale-down cooldown window keeps: AIBrix's controller takes the lowest recommendation in
+    # the window ("min"); "max" is Kubernetes HPA's stabilisation (the highest: scale down only once the
+    # whole window agrees)
+    scale_down_pick: Literal["min", "max"] = "min"
+    # AIBrix's pending-replica guard (PR #2671, merged 2026-09; not in a release I could confirm)
+    pending_guard: bool = False
     min_replicas: int = 1
     max_replicas: int = 64
-    max_scale_up_rate: float = 2.0  # at most double per decision (HPA-style rate limit)
 
 
 @dataclass(frozen=True)
 class ApaState:
-    last_change: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)  # role -> (t, value)
+    recommendations: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)  # role -> (t, n)
 
 
 def apa_desired(current: int, value: float, target: float, s: ApaSettings) -> int:
-    """APA: ceil(current x value/target) when the ratio leaves the tolerance band, else current."""
+    """AIBrix APA's ``computeTargetReplicas``: over ``1 + up_tolerance`` of the target, ceil(current x
+    value/target) but at most ceil(current x max_scale_up_rate); under ``1 - down_tolerance``, ceil(current
+    x value/target) but at least floor(current / max_scale_down_rate); else current. Then min/max."""
     if current <= 0:
         return s.min_replicas
     ratio = value / target
-    if 1.0 - s.down_tolerance <= ratio <= 1.0 + s.up_tolerance:
-        return current
-    desired = math.ceil(current * ratio)
-    desired = min(desired, math.ceil(current * s.max_scale_up_rate))
+    desired = current
+    if ratio > 1.0 + s.up_tolerance:
+        desired = min(math.ceil(current * ratio), math.ceil(current * s.max_scale_up_rate))
+    elif ratio < 1.0 - s.down_tolerance:
+        desired = max(math.ceil(current * ratio), math.floor(current / s.max_scale_down_rate))
     return max(s.min_replicas, min(s.max_replicas, desired))
+
+
+def _apa_value(ro: RoleObservation, role: Role, s: ApaSettings) -> tuple[float, float] | None:
+    """(per-pod metric now, its target); pods reporting = the ready ones."""
+    if role == "decode":
+        if not ro.kv_usage.ok or ro.kv_usage.value is None:
+            return None
+        return ro.kv_usage.value, s.decode_kv_target
+    if ro.ready <= 0 or not ro.queue_depth.ok or ro.queue_depth.value is None:
+        return None
+    load = ro.queue_depth.value
+    if s.prefill_metric == "running+waiting":
+        if not ro.running.ok or ro.running.value is None:
+            return None
+        load += ro.running.value
+    return load / ro.ready, s.prefill_target_per_replica
+
+
+def _pending_guard(current: int, ready: int, desired: int, value: float, target: float) -> int:
+    """AIBrix ``applyPendingReplicaGuard`` (APA): pods not ready yet count as missing metrics (scale up)
+    or as at the target (scale down)."""
+    ready = max(0, min(ready, current))
+    pending = current - ready
+    if pending <= 0 or desired == current:
+        return desired
+    if desired > current:
+        adjusted = value * ready / current
+        return min(max(math.ceil(current * adjusted / target), current), desired)
+    adjusted = (value * ready + target * pending) / current
+    return max(min(math.ceil(current * adjusted / target), current), desired)
+
+
+def _stabilise(
+    history: tuple[tuple[float, int], ...], now: float, recommendation: int, current: int, s: ApaSettings
+) -> tuple[int, tuple[tuple[float, int], ...]]:
+    """AIBrix ``stabilizeRecommendation``: keep each recommendation; scale up to the highest within the
+    scale-up window, down to the lowest (or, "max", the highest) within the scale-down window; a window
+    of 0 s takes the recommendation as it is."""
+    keep = max(s.scale_up_cooldown_s, s.scale_down_cooldown_s)
+    history = tuple((t, r) for t, r in (*history, (now, recommendation)) if t > now - keep)
+    if recommendation == current:
+        return current, history
+    up = recommendation > current
+    window = s.scale_up_cooldown_s if up else s.scale_down_cooldown_s
+    within = [r for t, r in history if t > now - window]
+    if not within:
+        return recommendation, history
+    pick_max = up or s.scale_down_pick == "max"
+    return (max(within) if pick_max else min(within)), history
 
 
 def apa_step(
     obs: Observation, state: ApaState, now: float, settings: ApaSettings
 ) -> tuple[Targets | None, ApaState]:
+    """AIBrix's APA with its released defaults, one PodAutoscaler per role (StormService role-level
+    autoscaling, ``subTargetSelector.roleName``).
+
+    Sources (vllm-project/aibrix, main): ``pkg/controller/podautoscaler/context/context.go``
+    (``NewBaseScalingContext``: max scale-up rate 2, max scale-down rate 2, up/down fluctuation tolerance
+    0.1, scale-up cooldown window 0 s, scale-down cooldown window 300 s), ``algorithm/apa.go``
+    (``computeTargetReplicas``), ``metrics/`` (``DefaultStableWindowDuration`` 180 s: each evaluation
+    records the mean over pods, APA uses the mean over the window), ``podautoscaler_controller.go``
+    (``DefaultResyncInterval`` 10 s; ``stabilizeRecommendation``: scale-up takes the highest
+    recommendation within the scale-up window, scale-down the lowest within the scale-down window;
+    then min/max replicas), ``autoscaler.go`` (``applyPendingReplicaGuard``, off by default here);
+    docs ``docs/source/features/autoscaling/metric-based-autoscaling.rst`` (the annotation table) and
+    ``samples/autoscaling/stormservice-pool.yaml`` (one APA per role of a P/D StormService).
+
+    The 10 s evaluation runs here at the bench's 30 s observation interval, so the 180 s window
+    averages six samples instead of eighteen; the metrics are the pools' instantaneous values per ready
+    replica. Note the scale-down window as AIBrix implements it does not delay a scale-down: the lowest
+    recommendation of the last 300 s wins (``scale_down_pick="max"`` gives HPA's stabilisation).
+    """
+    samples = dict(state.samples)
+    recs = dict(state.recommendations)
     targets: Targets = {}
-    last = dict(state.last_change)
-    roles: tuple[Role, Role] = ("prefill", "decode")
-    for role in roles:
+    for role in ROLES:
         ro = obs.role(role)
-        if role in last and now - last[role] < settings.cooldown_s:
+        measured = _apa_value(ro, role, settings)
+        if measured is None:
             continue
-        if role == "prefill":
-            if not (ro.running.ok and ro.queue_depth.ok):
-                continue
-            load = ((ro.running.value or 0.0) + (ro.queue_depth.value or 0.0)) / max(ro.replicas, 1)
-            want = apa_desired(ro.replicas, load, settings.prefill_target_per_replica, settings)
-        else:
-            if not ro.kv_usage.ok or ro.kv_usage.value is None:
-                continue
-            want = apa_desired(ro.replicas, ro.kv_usage.value, settings.decode_kv_target, settings)
-        if want != ro.replicas:
+        value_now, target = measured
+        window = tuple(
+            (t, v) for t, v in (*samples.get(role, ()), (now, value_now)) if t > now - settings.window_s
+        )
+        samples[role] = window
+        current = ro.replicas
+        if current <= 0:  # AIBrix: "scaling disabled: current replicas is 0"
+            continue
+        value = sum(v for _, v in window) / len(window)
+        want = apa_desired(current, value, target, settings)
+        if settings.pending_guard:
+            want = _pending_guard(current, ro.ready, want, value, target)
+        want, recs[role] = _stabilise(recs.get(role, ()), now, want, current, settings)
+        want = max(settings.min_replicas, min(settings.max_replicas, want))
+        if want != current:
             targets[role] = want
-            last[role] = now
-    return (targets or None), ApaState(last)
+    return (targets or None), ApaState(samples, recs)

@@ -31,7 +31,15 @@ from disagg.policy.feedback import (
     prefill_proposal,
     steady_arrivals,
 )
-from disagg.policy.model_based import load_models, model_based_proposal, resolve_profile
+from disagg.policy.model_based import (
+    forecast_window_s,
+    load_models,
+    model_based_proposal,
+    prefill_service,
+    prompt_quantiles,
+    resolve_profile,
+    update_corrections,
+)
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import (
     ROLES,
@@ -57,6 +65,9 @@ class FlapDamping:
     factor: float = 2.0
     memory_windows: float = 4.0
     max_window_s: float = 3600.0  # the API's largest stabilisation window
+    # never more than this multiple of the configured window: a window stretched to an hour once held
+    # an overshoot of 8-11 decode replicas for that hour (the overshoot, not the need, was remembered)
+    max_factor: float = 2.0
 
     def memory_s(self, base_window_s: float) -> float:
         return self.memory_windows * base_window_s
@@ -65,7 +76,8 @@ class FlapDamping:
         recent = sum(1 for t in flaps if now - t <= self.memory_s(base_window_s))
         if recent == 0 or base_window_s <= 0:
             return base_window_s
-        return min(base_window_s * self.factor**recent, max(self.max_window_s, base_window_s))
+        longest = min(base_window_s * self.max_factor, max(self.max_window_s, base_window_s))
+        return min(base_window_s * self.factor**recent, longest)
 
 
 DAMPING = FlapDamping()
@@ -106,10 +118,38 @@ def feedback_proposal(
     # scale-down window (bursty traffic looks idle between bursts)
     shrink_rate = peak_rate(obs, history, history_window(policy))
     steady = steady_arrivals(obs, history, history_window(policy))
+    work_s, correction = prefill_work(obs, policy, bounds, state or PolicyState())
+    now_rate = obs.request_rate.value if obs.request_rate.ok else None
+    load_ratio = shrink_rate / now_rate if shrink_rate is not None and now_rate else 1.0
     return Proposal(
-        prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady),
-        decode_proposal(obs, policy, bounds, decode_step_shape(obs, policy, bounds)),
+        prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady, work_s),
+        decode_proposal(obs, policy, bounds, decode_step_shape(obs, policy, bounds), load_ratio),
+        correction,
     )
+
+
+def prefill_work(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, state: PolicyState
+) -> tuple[float | None, dict[str, float]]:
+    """Busy seconds per request on a prefill replica from the latency model of the deployment's profile
+    (a request's share of a batched step at the observed prompt lengths), corrected online as the
+    model-based algorithm does; (None, the old corrections) when the profile or the lengths are unknown
+    (:func:`disagg.policy.feedback.request_work` then uses the measured, unshared prefill time)."""
+    profile = resolve_profile(policy, bounds)
+    prompt = obs.prompt_tokens_mean
+    if profile is None or not prompt.ok or prompt.value is None or prompt.value <= 0:
+        return None, dict(state.correction)
+    try:
+        models = load_models(profile)
+    except (ValueError, KeyError):
+        return None, dict(state.correction)
+    mb = policy.model_based
+    corr = update_corrections(obs, models, state, mb.correction_smoothing, mb.prefill_token_budget)
+    p90 = obs.prompt_tokens_p90.value if obs.prompt_tokens_p90.ok else None
+    service = prefill_service(
+        models.prefill, prompt_quantiles(prompt.value, p90), mb.prefill_token_budget, corr.get("prefill", 1.0)
+    )
+    return service.mean_s, corr
 
 
 def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> StepTime | None:
@@ -133,13 +173,14 @@ def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds)
     return step
 
 
-def history_window(policy: RatioPolicySpec) -> float:
+def history_window(policy: RatioPolicySpec, bounds: Bounds | None = None) -> float:
     """How long the request-rate history is kept: the longest window any part of the policy reads."""
     return float(
         max(
             policy.model_based.lookahead_seconds,
             policy.metric_window_seconds,
             policy.scale_down.stabilization_window_seconds,
+            forecast_window_s(policy, bounds) if bounds is not None else 0.0,
         )
     )
 
@@ -356,7 +397,8 @@ def decide(
         elif targets[role] < current[role]:
             last_down[role] = now
     rate = observation.request_rate
-    history = tuple((t, r) for t, r in state.load_history if now - t <= history_window(policy)) + (
+    span = history_window(policy, bounds)
+    history = tuple((t, r) for t, r in state.load_history if now - t <= span) + (
         ((now, rate.value),) if rate.ok and rate.value is not None else ()
     )
     new_state = PolicyState(
@@ -365,6 +407,7 @@ def decide(
         last_scale_down=last_down,
         limited=limited,
         correction=proposal.correction or dict(state.correction),
+        slo_spend=proposal.slo_spend if proposal.slo_spend is not None else state.slo_spend,
         limited_since=since,
         load_history=history,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},

@@ -102,13 +102,17 @@ def decode_holds_ttft(obs: Observation, ttft: float, side: float | None, target_
     prefill". Adding decode replicas shortens TTFT only when requests wait at the decode pool, so the
     decode side must also show it: requests queued there (at least one per ready replica) or a decode
     queue time of at least a quarter of the target. Without that evidence the breach stays with
-    prefill. (Seen without it: a 0.5 s TTFT target grew an idle decode pool to 14 replicas.)
+    prefill. (Seen without it: a 0.5 s TTFT target grew an idle decode pool to 14 replicas.) Both must
+    hold now, not only over the window.
     """
     if side is None or ttft - side <= side:
         return False
     waiting, wait_s = _val(obs.decode.queue_depth), _val(obs.decode.queue_time)
     queued = waiting is not None and waiting >= max(obs.decode.ready, 1)
-    slow_admission = wait_s is not None and wait_s >= 0.25 * target_s
+    # the queue time is a percentile over the metric window: it may describe a queue that has already
+    # drained (seen: decode grown +4 per step while its queue was empty and KV 12-16% used). It counts
+    # only while requests are still waiting at decode now.
+    slow_admission = wait_s is not None and wait_s >= 0.25 * target_s and (waiting or 0.0) > 0
     return queued or slow_admission
 
 
@@ -122,18 +126,19 @@ def burst_drain_ttft(ttft: float, queued: float, n: int, m: int) -> float:
     return ttft + max(queued, 0.0) * (n / m - 1.0)
 
 
-def request_work(obs: Observation, token_budget: int) -> float | None:
-    """Busy seconds one request costs a prefill replica: its prefill time, shared with the requests
-    batched into the same steps. A step carries up to ``token_budget`` prompt tokens (vLLM
-    --max-num-batched-tokens), so about ``token_budget / prompt`` requests of the mean prompt share it;
-    a prompt longer than the budget has the steps to itself."""
-    c = _val(obs.prefill.compute_time)
-    if c is None:
-        return None
-    prompt = _val(obs.prompt_tokens_mean)
-    if prompt is None or prompt <= 0:
-        return c
-    return c * min(1.0, prompt / token_budget)
+def request_work(obs: Observation, modelled_s: float | None = None) -> float | None:
+    """Busy seconds one request costs a prefill replica.
+
+    ``modelled_s``: the latency model's share of a batched step for the observed prompt lengths,
+    corrected online (what a request costs when batched with others; see
+    :func:`disagg.policy.model_based.prefill_service`). Without a model: the measured prefill time of a
+    request, unshared. That is an upper bound: prefill is compute-bound, so batching saves little (on
+    the twin's Llama-70B profile one 920-token prompt takes 0.076 s, nine take 0.552 s: 0.061 s each),
+    far less than the token budget / prompt length that a batch holds (9x here). Dividing by that
+    ratio once made a pool of one replica look a third busy at 20 req/s."""
+    if modelled_s is not None:
+        return modelled_s
+    return _val(obs.prefill.compute_time)
 
 
 def backlog_only(obs: Observation, n: int, utilization: float) -> bool:
@@ -213,17 +218,27 @@ def itl_growth(obs: Observation, n: int, m: int, step_time: StepTime | None) -> 
 
 
 def smallest_safe_decode(
-    obs: Observation, n: int, band: Band, util_cap: float, rb: RoleBounds, step_time: StepTime | None = None
+    obs: Observation,
+    n: int,
+    band: Band,
+    util_cap: float,
+    rb: RoleBounds,
+    step_time: StepTime | None = None,
+    load_ratio: float = 1.0,
 ) -> tuple[int, str] | None:
     """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
 
     With the same requests on fewer replicas, batch per replica grows by n/m; ITL grows by
-    :func:`itl_growth` (at most linearly with the batch), KV usage linearly.
+    :func:`itl_growth` (at most linearly with the batch), KV usage linearly. ``load_ratio``: the load
+    the survivors must carry over the present one (the peak of the scale-down window over the rate
+    now, at least 1): KV is proven at that load, since a pool whose cache fills queues every new
+    request. KV usage unmeasured: no proof, no shrink.
     """
     itl = _val(obs.itl)
-    if itl is None or n <= 0:
-        return None
     kv = _val(obs.decode.kv_usage)
+    if itl is None or kv is None or n <= 0:
+        return None
+    kv = kv * max(load_ratio, 1.0)
     best: tuple[int, str] | None = None
     for m in range(n - 1, rb.min_replicas - 1, -1):
         if m <= 0:
@@ -232,7 +247,7 @@ def smallest_safe_decode(
         predicted = itl * itl_growth(obs, n, m, step_time)
         if predicted > band.ceiling_after_shrink:
             break
-        if kv is not None and kv * scale > util_cap:
+        if kv * scale > util_cap:
             break
         best = (m, f"predicted ITL <= {predicted * 1000:.1f}ms with {m} replicas")
     return best
@@ -268,13 +283,15 @@ def peak_rate(obs: Observation, history: Sequence[tuple[float, float]], window_s
     return max([now_rate, *recent])
 
 
-def saturation(obs: Observation, policy: RatioPolicySpec, n: int, steady: bool) -> tuple[int, str] | None:
+def saturation(
+    obs: Observation, policy: RatioPolicySpec, n: int, steady: bool, work_s: float | None = None
+) -> tuple[int, str] | None:
     """Replicas to add before TTFT breaches: steady arrivals whose work keeps the ready prefill replicas
     busier than the target utilisation. Queueing delay grows without bound as the busy fraction nears
     one, and a replica asked for now serves only after its start-up, so the TTFT percentile is a late
     signal for a load that creeps up (long-context traffic whose prompts lengthen). Bursty arrivals are
     left to the TTFT feedback: their window mean says little about the next burst."""
-    rate, work = _val(obs.request_rate), request_work(obs, policy.model_based.prefill_token_budget)
+    rate, work = _val(obs.request_rate), request_work(obs, work_s)
     if not steady or rate is None or work is None or n <= 0 or obs.prefill.ready < n:
         return None
     util, load = policy.feedback.target_utilization, rate * work
@@ -292,11 +309,13 @@ def prefill_proposal(
     rate: float | None = None,
     shrink_rate: float | None = None,
     steady: bool = False,
+    work_s: float | None = None,
 ) -> RoleProposal:
     """``rate``: the arrival rate to size for (the peak over the metric window); the present one if None.
     ``shrink_rate``: the rate a smaller pool must still carry (the peak over the scale-down window);
     ``rate`` if None. ``steady``: the arrivals are steady (see :func:`steady_arrivals`), so a shrink
-    may count a request's work as shared with its batch."""
+    may be judged from the work per request. ``work_s``: the modelled busy seconds per request (see
+    :func:`request_work`); None: the measured prefill time, unshared."""
     n = obs.prefill.replicas
     band = Band(policy.slo.ttft.target_seconds, policy.tolerance)
     if is_idle(obs):
@@ -320,7 +339,7 @@ def prefill_proposal(
             msg = f"TTFT {ttft:.3f}s from a backlog queued before capacity arrived; {n} replicas fit the load"
             return RoleProposal(n, (Reason("TTFTBreachBacklog", msg, "prefill"),), breached=True)
         target = grow(n, band.ratio(ttft), obs.prefill.ready)
-        work = request_work(obs, policy.model_based.prefill_token_budget)
+        work = request_work(obs, work_s)
         if starting:  # the window's peak was answered by the replicas still starting: size for now
             load = _val(obs.request_rate)
         if load is not None and work is not None and work > 0:
@@ -332,12 +351,12 @@ def prefill_proposal(
             target = max(n if starting else n + 1, needed)
         msg = f"TTFT p{policy.slo.ttft.percentile:g} {ttft:.3f}s > target {band.target:.3f}s"
         return RoleProposal(target, (Reason(code, msg, "prefill"),), breached=True)
-    saturated = saturation(obs, policy, n, steady)
+    saturated = saturation(obs, policy, n, steady, work_s)
     if saturated is not None:
         return RoleProposal(saturated[0], (Reason("PrefillSaturation", saturated[1], "prefill"),))
     if band.comfortable(ttft):
         load = next((x for x in (shrink_rate, rate) if x is not None), _val(obs.request_rate))
-        work = request_work(obs, policy.model_based.prefill_token_budget) if steady else None
+        work = request_work(obs, work_s) if steady or work_s is not None else None
         safe = smallest_safe_prefill(
             obs,
             n,
@@ -354,7 +373,11 @@ def prefill_proposal(
 
 
 def decode_proposal(
-    obs: Observation, policy: RatioPolicySpec, bounds: Bounds, step_time: StepTime | None = None
+    obs: Observation,
+    policy: RatioPolicySpec,
+    bounds: Bounds,
+    step_time: StepTime | None = None,
+    load_ratio: float = 1.0,
 ) -> RoleProposal:
     n = obs.decode.replicas
     band = Band(policy.slo.itl.target_seconds, policy.tolerance)
@@ -406,7 +429,7 @@ def decode_proposal(
     prefill_breach = ttft is not None and side is not None and not decode_breach
     if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft) or prefill_breach):
         safe = smallest_safe_decode(
-            obs, n, band, policy.feedback.target_utilization, bounds.decode, step_time
+            obs, n, band, policy.feedback.target_utilization, bounds.decode, step_time, load_ratio
         )
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "decode"),))

@@ -34,6 +34,7 @@ from disagg.policy.feedback import (
     smallest_safe_prefill,
     steady_arrivals,
 )
+from disagg.policy.forecast import Forecast, forecast_rate, planning_horizon_s
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
 
@@ -42,6 +43,16 @@ MAX_PROMPT = 1_048_576.0
 CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this range means the profile is wrong, not slow
 MAX_DECODE_BATCH = 1024
 MAX_TREND_FACTOR = 2.0  # the lookahead never plans for more than twice the present load
+# the error budget (budget_utilization): its spend averages breaches over about an hour; it is spent at
+# half the share of misses the SLO percentile allows (the other half is for the bursts nobody foresaw);
+# an unspent budget lets replicas run up to 0.1 busier than targetUtilization, never above 0.97
+ERROR_BUDGET_HORIZON_S = 3600.0
+BUDGET_SAFETY = 0.5
+BUDGET_EXTRA_UTILIZATION = 0.1
+MAX_UTILIZATION = 0.97
+# the prefill correction learns only while fewer than this many other requests arrive, on average, during
+# a request's own prefill step (see update_corrections)
+LIGHT_LOAD_SHARING = 0.5
 
 
 class LatencyModelLike(Protocol):
@@ -242,18 +253,65 @@ def decode_batch_at_slo(lm: LatencyModelLike, context: float, itl_target: float,
     return lo
 
 
+def prefill_latency_at_load(
+    lm: LatencyModelLike, length: float, token_budget: int, token_rate: float
+) -> float:
+    """The prefill time a request of ``length`` tokens sees on a replica receiving ``token_rate`` prompt
+    tokens/s: the step it runs in also carries the prompts that arrived during the previous step, up to
+    the token budget (the fixed point of tokens per step = token rate x step time). At low load a
+    request runs nearly alone; near saturation its step is full. What an engine reports as prefill time
+    is this, not the full-batch step, so the online correction must compare against it."""
+    length_i = max(round(length), 1)
+    if length_i >= token_budget:
+        return lm.prefill_time_s([length_i])  # chunked over whole-budget steps: the prompt fills them
+    tokens = float(length_i)
+    step = lm.prefill_time_s([length_i])
+    for _ in range(32):
+        batch = max(1, min(token_budget // length_i, round(tokens / length_i)))
+        step = lm.prefill_time_s([length_i] * batch)
+        # the step holds this request and, on average, the tokens that arrived during the step before
+        # (seen from inside a step, Poisson batches are size-biased: 1 + lambda x T requests)
+        nxt = min(float(token_budget), length_i + token_rate * step)
+        if abs(nxt - tokens) < 0.5 * length_i:
+            break
+        tokens = nxt
+    return step
+
+
 def update_corrections(
-    obs: Observation, models: RoleModels, state: PolicyState, weight: float, token_budget: int
+    obs: Observation,
+    models: RoleModels,
+    state: PolicyState,
+    weight: float,
+    token_budget: int,
 ) -> dict[str, float]:
-    """Observed / expected latency per role, smoothed. Unchanged where a signal is missing."""
+    """Observed / expected latency per role, smoothed. Unchanged where a signal is missing.
+
+    The expected prefill time is the latency model's at the observed load (:func:`prefill_latency_at_load`),
+    not at a full batch: comparing a lightly loaded engine's short steps with full-batch steps made the
+    correction read 0.25 (the clamp) and the pool look four times faster than it is."""
     corr = dict(state.correction)
     prompt = _v(obs.prompt_tokens_mean)
     observed_prefill = _v(obs.prefill.compute_time)
-    if prompt is not None and observed_prefill is not None and prompt > 0:
+    rate = _v(obs.request_rate)
+    if prompt is not None and observed_prefill is not None and prompt > 0 and rate is not None:
         lengths = prompt_quantiles(prompt, _v(obs.prompt_tokens_p90))
-        expected = prefill_service(models.prefill, lengths, token_budget, 1.0).mean_latency_s
-        if expected > 0:
-            corr["prefill"] = _ema(corr.get("prefill"), observed_prefill / expected, weight)
+        per_replica = rate / max(obs.prefill.ready, 1)
+        token_rate = per_replica * prompt
+        # only where the expectation is unambiguous: a request mostly runs alone (fewer than half a
+        # request arrives during its own step), or fills whole steps by itself (longer than the budget).
+        # In between the step a request shares depends on the arrival pattern within the window, which
+        # the window's mean rate does not tell; a correction learned there tracks the load, not the engine
+        alone = per_replica * models.prefill.prefill_time_s([max(round(prompt), 1)]) <= LIGHT_LOAD_SHARING
+        # and no backlog: a queue drained by full steps says nothing about a lone request's time
+        wait = _v(obs.prefill.queue_time)
+        drained = wait is not None and wait <= observed_prefill
+        if drained and (alone or prompt >= token_budget):
+            expected = sum(
+                prefill_latency_at_load(models.prefill, x, token_budget, token_rate) for x in lengths
+            ) / len(lengths)
+            if expected > 0:
+                corr["prefill"] = _ema(corr.get("prefill"), observed_prefill / expected, weight)
     itl = _v(obs.itl)
     running = _v(obs.decode.running)
     prompt, out = _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
@@ -263,6 +321,68 @@ def update_corrections(
         if expected > 0:
             corr["decode"] = _ema(corr.get("decode"), itl / expected, weight)
     return corr
+
+
+def startup_horizon_s(policy: RatioPolicySpec, bounds: Bounds) -> float:
+    """How far ahead to plan: the slower pool's start-up (from the deployment) when known, else the
+    policy's lookaheadSeconds, plus one evaluation and half the metric window (see
+    :func:`disagg.policy.forecast.planning_horizon_s`)."""
+    known = [s for s in (bounds.prefill.startup_seconds, bounds.decode.startup_seconds) if s is not None]
+    startup = max(known) if known else float(policy.model_based.lookahead_seconds)
+    return planning_horizon_s(startup, policy.evaluation_interval_seconds, policy.metric_window_seconds)
+
+
+def forecast_window_s(policy: RatioPolicySpec, bounds: Bounds) -> float:
+    """The span of rate history the trend is fitted on: twice the horizon, at least the scale-down
+    window (a shorter fit mistakes a burst for a trend)."""
+    return max(2.0 * startup_horizon_s(policy, bounds), float(policy.scale_down.stabilization_window_seconds))
+
+
+def rate_forecast(
+    obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+) -> Forecast:
+    rate = _v(obs.request_rate) or 0.0
+    return forecast_rate(
+        state.load_history,
+        now,
+        rate,
+        startup_horizon_s(policy, bounds),
+        forecast_window_s(policy, bounds),
+        policy.slo.ttft.percentile,
+    )
+
+
+def slo_breached(obs: Observation, policy: RatioPolicySpec) -> bool | None:
+    """Whether this evaluation's latencies breach the SLO (None when neither latency is measured)."""
+    ttft, itl = _v(obs.ttft), _v(obs.itl)
+    if ttft is None and itl is None:
+        return None
+    return (ttft is not None and ttft > policy.slo.ttft.target_seconds) or (
+        itl is not None and itl > policy.slo.itl.target_seconds
+    )
+
+
+def updated_spend(spend: float | None, breached: bool | None, policy: RatioPolicySpec) -> float | None:
+    """The error budget's spend: an exponential average of breached evaluations over about an hour."""
+    if breached is None:
+        return spend
+    weight = min(1.0, policy.evaluation_interval_seconds / ERROR_BUDGET_HORIZON_S)
+    value = 1.0 if breached else 0.0
+    return value if spend is None else (1.0 - weight) * spend + weight * value
+
+
+def budget_utilization(policy: RatioPolicySpec, spend: float | None) -> float:
+    """The utilisation the sizing may plan for. The SLO allows ``100 - percentile`` percent of requests
+    to miss; while recent evaluations breached far less often than that (an unspent error budget),
+    replicas may run up to ``BUDGET_EXTRA_UTILIZATION`` busier than ``targetUtilization``; as breaches
+    approach the budget the headroom comes back, and at the budget the configured target holds. No
+    history (a fresh start, a restart): the configured target."""
+    base = policy.model_based.target_utilization
+    if spend is None:
+        return base
+    allowed = max((100.0 - policy.slo.ttft.percentile) / 100.0, 1e-6) * BUDGET_SAFETY
+    room = max(0.0, 1.0 - spend / allowed)
+    return min(base + BUDGET_EXTRA_UTILIZATION * room, MAX_UTILIZATION)
 
 
 def model_based_proposal(
@@ -277,12 +397,15 @@ def model_based_proposal(
     rate, prompt, out = _v(obs.request_rate), _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
     mb = policy.model_based
     corr = update_corrections(obs, models, state, mb.correction_smoothing, mb.prefill_token_budget)
+    spend = updated_spend(state.slo_spend, slo_breached(obs, policy), policy)
+    util = budget_utilization(policy, spend)
     if rate is not None and rate <= 0.0:  # measured idle: lengths are missing because nothing arrived
         idle = "no requests arriving"
         return Proposal(
             RoleProposal(bounds.prefill.min_replicas, (Reason("IdleShrink", idle, "prefill"),)),
             RoleProposal(bounds.decode.min_replicas, (Reason("IdleShrink", idle, "decode"),)),
             corr,
+            spend,
         )
     if rate is None or prompt is None or out is None:
         missing = [
@@ -299,11 +422,17 @@ def model_based_proposal(
             RoleProposal(None, (Reason("MetricsMissing", msg, "prefill"),)),
             RoleProposal(None, (Reason("MetricsMissing", msg, "decode"),)),
             corr,
+            spend,
         )
+    fc = rate_forecast(obs, policy, state, now, bounds)
     recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
-    # the trend ahead, or the peak of the metric window if higher (bursty arrivals are not Poisson)
-    trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
-    plan = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
+    if fc.trusted:
+        # a predictable trend: size for its band at the moment replicas asked for now will serve
+        plan = max(rate, fc.upper)
+    else:
+        # bursty or too little history: the short trend ahead, or the window's peak if higher
+        trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
+        plan = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
     context = prompt + out / 2.0
@@ -322,7 +451,7 @@ def model_based_proposal(
             plan,
             budget,
             policy.slo.ttft.percentile,
-            mb.target_utilization,
+            util,
             bounds.prefill.max_replicas,
         )
     batch = decode_batch_at_slo(models.decode, context, itl_t, c_d)
@@ -333,14 +462,15 @@ def model_based_proposal(
     else:
         step = models.decode.decode_step_time_s(batch, int(batch * context)) * c_d
         concurrency = plan * out * step
-        n_d = math.ceil(concurrency / (batch * mb.target_utilization))
+        n_d = math.ceil(concurrency / (batch * util))
     ttft, itl = _v(obs.ttft), _v(obs.itl)
     tol = policy.tolerance
     n_now = obs.prefill.replicas
-    if n_p < n_now and ttft is not None and prefill_side_ttft(obs) is not None:
-        # the model may not shrink below what the observed latencies prove safe (bursty arrivals queue
-        # more than the Poisson model expects; the proof judges against the scale-down window's peak);
-        # without the prefill pool's own latencies there is no proof to ask and the model decides
+    if n_p < n_now and not fc.trusted and ttft is not None and prefill_side_ttft(obs) is not None:
+        # with bursty arrivals (no trusted trend) the model may not shrink below what the observed
+        # latencies prove safe (bursts queue more than the Poisson model expects; the proof judges
+        # against the scale-down window's peak); a trusted trend is smooth enough for the model and its
+        # band; without the prefill pool's own latencies there is no proof to ask and the model decides
         band = Band(ttft_t, tol)
         shrink_at = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
         window = [(t, r) for t, r in state.load_history if now - t <= shrink_window]
@@ -350,7 +480,7 @@ def model_based_proposal(
             obs,
             n_now,
             band,
-            mb.target_utilization,
+            util,
             bounds.prefill,
             shrink_at,
             work,
@@ -367,7 +497,11 @@ def model_based_proposal(
     if d_breach:
         ready = obs.decode.ready >= obs.decode.replicas
         n_d = max(n_d, obs.decode.replicas + (1 if ready else 0))
-    load = f"{plan:.2f} req/s planned (now {rate:.2f}), prompt {prompt:.0f}, output {out:.0f} tokens"
+    load = (
+        f"{plan:.2f} req/s planned (now {rate:.2f}; {fc.describe()}), prompt {prompt:.0f}, "
+        f"output {out:.0f} tokens, utilisation {util:.2f}"
+        + (f" ({spend:.0%} of recent evaluations breached)" if spend is not None else "")
+    )
     return Proposal(
         RoleProposal(
             n_p,
@@ -392,4 +526,5 @@ def model_based_proposal(
             breached=d_breach,
         ),
         corr,
+        spend,
     )

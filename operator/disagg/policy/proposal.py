@@ -26,6 +26,7 @@ class Proposal:
     prefill: RoleProposal
     decode: RoleProposal
     correction: dict[str, float] = field(default_factory=dict)  # model-based: updated correction factors
+    slo_spend: float | None = None  # model-based: the updated error-budget spend (None: not tracked)
 
     def role(self, role: Role) -> RoleProposal:
         return self.prefill if role == "prefill" else self.decode

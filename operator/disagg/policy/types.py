@@ -146,6 +146,9 @@ class PolicyState:
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
+    # model-based: the share of recent evaluations whose latencies breached the SLO (an exponential
+    # average); the error budget the sizing may spend (see disagg.policy.model_based.budget_utilization)
+    slo_spend: float | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,9 @@ class RoleBounds:
     min_replicas: int = 1
     max_replicas: int = 64
     gpus_per_replica: int = 1
+    # seconds from asking for a replica to its serving (model download or cache read, engine start);
+    # None: not known, the policy plans over its lookaheadSeconds instead
+    startup_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
@@ -165,6 +171,8 @@ class RoleBounds:
             )
         if self.gpus_per_replica < 1:
             raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+        if self.startup_seconds is not None and self.startup_seconds < 0:
+            raise ValueError(f"startup_seconds must be >= 0, got {self.startup_seconds}")
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
