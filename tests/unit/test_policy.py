@@ -588,9 +588,8 @@ def test_itl_growth_uses_the_step_shape_and_never_exceeds_the_linear_bound() -> 
 def test_decode_shrinks_further_when_the_profile_gives_the_step_shape() -> None:
     # 2 decode replicas at ITL 26 ms, 20 requests running: the linear bound predicts 52 ms on one
     # replica (over the 45 ms band edge); the 70B latency model's step grows far less at batch 20
-    o = obs(
-        p=8, d=2, ttft=3.0, queue=0.0, prefill_time=1.5, rate=3.0, prompt=12000.0, itl=0.026, running=20.0
-    )
+    # (4k-token prompts: 20 of them fit one replica's KV cache even at their 90th percentile)
+    o = obs(p=8, d=2, ttft=3.0, queue=0.0, prefill_time=1.5, rate=3.0, prompt=4000.0, itl=0.026, running=20.0)
     o = replace(o, decode=replace(o.decode, kv_usage=Measured.of(0.2)))
     policy = spec(**TEN_S, **FREE)
     blind, _ = run(o, policy)
@@ -629,6 +628,18 @@ def test_decode_shrink_must_prove_kv_headroom_at_the_peak_it_will_face() -> None
     held, _ = run(now, policy, peak)
     assert shrunk.decode < 4
     assert held.decode == 4
+
+
+def test_a_long_context_decode_pool_keeps_the_replicas_its_kv_needs_at_the_90th_percentile() -> None:
+    # the same 20 sequences with 12k-token prompts (p90 24k): one replica would hold ~300k tokens of KV,
+    # more than the 70B profile's cache at the target utilisation, whatever the instantaneous 20% says
+    o = obs(
+        p=8, d=2, ttft=3.0, queue=0.0, prefill_time=1.5, rate=3.0, prompt=12000.0, itl=0.026, running=20.0
+    )
+    o = replace(o, decode=replace(o.decode, kv_usage=Measured.of(0.2)))
+    profiled = replace(BOUNDS, profile=ServingProfile("llama-3.1-70b", "h100", 2, 2, "fp8"))
+    d, _ = run(o, spec(**TEN_S, **FREE), bounds=profiled)
+    assert d.decode == 2
 
 
 def test_flap_damping_never_stretches_the_window_past_twice_the_configured_one() -> None:

@@ -32,6 +32,7 @@ from disagg.policy.feedback import (
     steady_arrivals,
 )
 from disagg.policy.model_based import (
+    decode_batch_at_slo,
     forecast_window_s,
     load_models,
     model_based_proposal,
@@ -123,7 +124,14 @@ def feedback_proposal(
     load_ratio = shrink_rate / now_rate if shrink_rate is not None and now_rate else 1.0
     return Proposal(
         prefill_proposal(obs, policy, bounds, rate, shrink_rate, steady, work_s),
-        decode_proposal(obs, policy, bounds, decode_step_shape(obs, policy, bounds), load_ratio),
+        decode_proposal(
+            obs,
+            policy,
+            bounds,
+            decode_step_shape(obs, policy, bounds),
+            load_ratio,
+            decode_kv_batch(obs, policy, bounds),
+        ),
         correction,
     )
 
@@ -171,6 +179,23 @@ def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds)
         return decode.decode_step_time_s(b, int(b * context))
 
     return step
+
+
+def decode_kv_batch(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> int | None:
+    """The most sequences one decode replica's KV cache holds at the observed context lengths (their
+    90th percentile; :func:`disagg.policy.model_based.decode_batch_at_slo` with no ITL limit); None when
+    the profile or the lengths are unknown."""
+    profile = resolve_profile(policy, bounds)
+    prompt, out, p90 = obs.prompt_tokens_mean, obs.output_tokens_mean, obs.prompt_tokens_p90
+    if profile is None or not prompt.ok or prompt.value is None:
+        return None
+    try:
+        decode = load_models(profile).decode
+    except (ValueError, KeyError):
+        return None
+    half_out = out.value / 2.0 if out.ok and out.value is not None else 0.0
+    context_p90 = p90.value + half_out if p90.ok and p90.value is not None else None
+    return decode_batch_at_slo(decode, prompt.value + half_out, math.inf, 1.0, context_p90) or None
 
 
 def history_window(policy: RatioPolicySpec, bounds: Bounds | None = None) -> float:

@@ -225,8 +225,14 @@ def smallest_safe_decode(
     rb: RoleBounds,
     step_time: StepTime | None = None,
     load_ratio: float = 1.0,
+    kv_batch: int | None = None,
 ) -> tuple[int, str] | None:
     """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
+
+    ``kv_batch``: the most sequences a replica's KV cache holds at the observed context lengths (from
+    the latency model, judged at their 90th percentile); the running sequences at the peak load must
+    fit ``m`` replicas at the target utilisation, whatever the instantaneous usage says (with long
+    prompts it swings from 2% to 70% between two scrapes).
 
     With the same requests on fewer replicas, batch per replica grows by n/m; ITL grows by
     :func:`itl_growth` (at most linearly with the batch), KV usage linearly. ``load_ratio``: the load
@@ -248,6 +254,9 @@ def smallest_safe_decode(
         if predicted > band.ceiling_after_shrink:
             break
         if kv * scale > util_cap:
+            break
+        running = _val(obs.decode.running)
+        if kv_batch is not None and running is not None and running * load_ratio / m > kv_batch * util_cap:
             break
         best = (m, f"predicted ITL <= {predicted * 1000:.1f}ms with {m} replicas")
     return best
@@ -378,6 +387,7 @@ def decode_proposal(
     bounds: Bounds,
     step_time: StepTime | None = None,
     load_ratio: float = 1.0,
+    kv_batch: int | None = None,
 ) -> RoleProposal:
     n = obs.decode.replicas
     band = Band(policy.slo.itl.target_seconds, policy.tolerance)
@@ -429,7 +439,7 @@ def decode_proposal(
     prefill_breach = ttft is not None and side is not None and not decode_breach
     if band.comfortable(itl) and (ttft is None or not ttft_band.breached(ttft) or prefill_breach):
         safe = smallest_safe_decode(
-            obs, n, band, policy.feedback.target_utilization, bounds.decode, step_time, load_ratio
+            obs, n, band, policy.feedback.target_utilization, bounds.decode, step_time, load_ratio, kv_batch
         )
         if safe is not None:
             return RoleProposal(safe[0], (Reason("SurplusCapacity", safe[1], "decode"),))

@@ -231,12 +231,30 @@ def prefill_replicas_needed(
     return most
 
 
-def decode_batch_at_slo(lm: LatencyModelLike, context: float, itl_target: float, correction: float) -> int:
-    """Largest batch whose decode step meets the ITL target and whose KV fits (0 if even 1 misses)."""
+def decode_batch_at_slo(
+    lm: LatencyModelLike,
+    context: float,
+    itl_target: float,
+    correction: float,
+    context_p90: float | None = None,
+) -> int:
+    """Largest batch whose decode step meets the ITL target and whose KV fits (0 if even 1 misses).
+
+    ``context_p90``: the 90th percentile of one sequence's context. The KV of ``b`` sequences is then
+    judged at the 90th percentile of their sum (normal approximation: b x mean + sqrt(b) x (p90 - mean)),
+    not at b x mean: with long, heavy-tailed prompts a few long ones fill a small batch's cache (seen:
+    a long-context pool shrunk to one decode replica at 13% KV, which then filled to 97%)."""
+
+    def kv_tokens(b: int) -> float:
+        spread = max((context_p90 or context) - context, 0.0)
+        return b * context + math.sqrt(b) * spread
 
     def ok(b: int) -> bool:
         tokens = int(b * context)
-        return tokens <= lm.kv_capacity_tokens and lm.decode_step_time_s(b, tokens) * correction <= itl_target
+        return (
+            kv_tokens(b) <= lm.kv_capacity_tokens
+            and lm.decode_step_time_s(b, tokens) * correction <= itl_target
+        )
 
     if not ok(1):
         return 0
@@ -368,7 +386,15 @@ def updated_spend(spend: float | None, breached: bool | None, policy: RatioPolic
         return spend
     weight = min(1.0, policy.evaluation_interval_seconds / ERROR_BUDGET_HORIZON_S)
     value = 1.0 if breached else 0.0
-    return value if spend is None else (1.0 - weight) * spend + weight * value
+    # a fresh start has earned nothing yet: it begins with the budget all but spent, and earns headroom
+    # back at the pace the average forgets (about an hour), never from one good evaluation
+    start = allowed_spend(policy) if spend is None else spend
+    return (1.0 - weight) * start + weight * value
+
+
+def allowed_spend(policy: RatioPolicySpec) -> float:
+    """The share of breached evaluations the error budget allows."""
+    return max((100.0 - policy.slo.ttft.percentile) / 100.0, 1e-6) * BUDGET_SAFETY
 
 
 def budget_utilization(policy: RatioPolicySpec, spend: float | None) -> float:
@@ -380,8 +406,7 @@ def budget_utilization(policy: RatioPolicySpec, spend: float | None) -> float:
     base = policy.model_based.target_utilization
     if spend is None:
         return base
-    allowed = max((100.0 - policy.slo.ttft.percentile) / 100.0, 1e-6) * BUDGET_SAFETY
-    room = max(0.0, 1.0 - spend / allowed)
+    room = max(0.0, 1.0 - spend / allowed_spend(policy))
     return min(base + BUDGET_EXTRA_UTILIZATION * room, MAX_UTILIZATION)
 
 
@@ -454,7 +479,9 @@ def model_based_proposal(
             util,
             bounds.prefill.max_replicas,
         )
-    batch = decode_batch_at_slo(models.decode, context, itl_t, c_d)
+    p90_prompt = _v(obs.prompt_tokens_p90)
+    context_p90 = (p90_prompt + out / 2.0) if p90_prompt is not None else None
+    batch = decode_batch_at_slo(models.decode, context, itl_t, c_d, context_p90)
     if plan <= 0:
         n_d = bounds.decode.min_replicas
     elif batch == 0:
