@@ -26,6 +26,7 @@ from statistics import NormalDist
 TRUST_RELATIVE_SPREAD = 0.35
 MIN_SAMPLES = 4  # fewer points than this give no trend worth extrapolating
 MAX_GROWTH = 3.0  # never plan for more than this multiple of the present rate, whatever the slope
+SIGNIFICANT_SLOPE_SE = 2.0  # a trend counts when its slope is at least two standard errors from zero
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,15 @@ def forecast_rate(
     spread = math.sqrt(sum(w * e * e for w, e in zip(weights, residuals, strict=True)) / total * n / dof)
     z = NormalDist().inv_cdf(min(max(percentile / 100.0, 0.5), 0.999))
     ahead = now + horizon_s
-    # standard error of a new observation at the horizon: residual spread plus the slope's uncertainty
-    se = spread * math.sqrt(1.0 + 1.0 / n + (ahead - mt) ** 2 * total / (n * stt))
+    slope_se = spread * math.sqrt(total / (n * stt))
+    if abs(slope) < SIGNIFICANT_SLOPE_SE * slope_se:
+        # a slope within the noise of a flat rate is no trend: extrapolating it over minutes turns a
+        # stationary Poisson stream into a phantom ramp (and its uncertainty into phantom headroom)
+        slope, level = 0.0, mr
+        se = spread * math.sqrt(1.0 + 1.0 / n)
+    else:
+        # standard error of a new observation at the horizon: residual spread plus the slope's
+        se = spread * math.sqrt(1.0 + 1.0 / n + (ahead - mt) ** 2 * total / (n * stt))
     cap = max(rate, level) * MAX_GROWTH
     mean = min(max(level + slope * horizon_s, 0.0), cap)
     upper = min(max(mean + z * se, 0.0), cap)

@@ -20,8 +20,8 @@ trend of the recent request rate, never below now).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Protocol
 
@@ -52,7 +52,7 @@ BUDGET_EXTRA_UTILIZATION = 0.1
 MAX_UTILIZATION = 0.97
 # the prefill correction learns only while fewer than this many other requests arrive, on average, during
 # a request's own prefill step (see update_corrections)
-LIGHT_LOAD_SHARING = 0.5
+LIGHT_LOAD_SHARING = 0.25
 
 
 class LatencyModelLike(Protocol):
@@ -216,9 +216,19 @@ def pool_prefill_ttft_share(service: PrefillService, rate: float, replicas: int,
 
 
 def prefill_replicas_needed(
-    service: PrefillService, rate: float, budget_s: float, percentile: float, utilization: float, most: int
+    service: PrefillService,
+    rate: float,
+    budget_s: float,
+    percentile: float,
+    utilization: float,
+    most: int,
+    latency_at: Callable[[float], float] | None = None,
 ) -> int:
-    """Fewest replicas whose prefill share of TTFT fits the budget (``most`` if none does)."""
+    """Fewest replicas whose prefill share of TTFT fits the budget (``most`` if none does).
+
+    ``latency_at``: the prefill step a long (90th percentile) request runs in when a replica receives
+    this many requests/s (:func:`prefill_latency_at_load`); without it the full-batch step, which
+    overstates the latency of a pool that is not saturated."""
     if rate <= 0:
         return 1
     wait_budget = max(budget_s, service.latency_tail_s + 0.25 * budget_s)
@@ -226,7 +236,8 @@ def prefill_replicas_needed(
         per = rate / n
         if per * service.mean_s > utilization:
             continue
-        if pool_prefill_ttft_share(service, rate, n, percentile) <= wait_budget:
+        at_load = service if latency_at is None else replace(service, latency_tail_s=latency_at(per))
+        if pool_prefill_ttft_share(at_load, rate, n, percentile) <= wait_budget:
             return n
     return most
 
@@ -468,16 +479,28 @@ def model_based_proposal(
     service = prefill_service(
         models.prefill, prompt_quantiles(prompt, _v(obs.prompt_tokens_p90)), mb.prefill_token_budget, c_p
     )
+    long_prompt = max(_v(obs.prompt_tokens_p90) or prompt, prompt)
+
+    def latency_at(per_replica_rate: float) -> float:
+        token_rate = per_replica_rate * prompt
+        return prefill_latency_at_load(models.prefill, long_prompt, mb.prefill_token_budget, token_rate) * c_p
+
+    # a backlog queued before capacity arrived (a cold start, a burst) is work too: drained over the
+    # planning horizon it adds queued / horizon requests/s to the plan (new replicas take the new
+    # arrivals while the old ones work off what they hold)
+    queued = _v(obs.prefill.queue_depth) or 0.0
+    backlog_rate = queued / startup_horizon_s(policy, bounds) if queued > max(obs.prefill.ready, 1) else 0.0
     if plan <= 0:
         n_p = bounds.prefill.min_replicas
     else:
         n_p = prefill_replicas_needed(
             service,
-            plan,
+            plan + backlog_rate,
             budget,
             policy.slo.ttft.percentile,
             util,
             bounds.prefill.max_replicas,
+            latency_at,
         )
     p90_prompt = _v(obs.prompt_tokens_p90)
     context_p90 = (p90_prompt + out / 2.0) if p90_prompt is not None else None
@@ -529,13 +552,14 @@ def model_based_proposal(
         f"output {out:.0f} tokens, utilisation {util:.2f}"
         + (f" ({spend:.0%} of recent evaluations breached)" if spend is not None else "")
     )
+    drain = f"; backlog of {queued:.0f} drains at {backlog_rate:.2f} req/s" if backlog_rate else ""
     return Proposal(
         RoleProposal(
             n_p,
             (
                 Reason(
                     "ModelCapacity",
-                    f"{load}; prefill {service.mean_s * 1000:.0f}ms per request (x{c_p:.2f})",
+                    f"{load}; prefill {service.mean_s * 1000:.0f}ms per request (x{c_p:.2f}){drain}",
                     "prefill",
                 ),
             ),
