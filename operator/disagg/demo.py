@@ -7,6 +7,13 @@ through the API server, and the live twin that plays the engines of the Disaggre
 DisaggregatedDeployment, drives a traffic phase change (short chat prompts, then long documents) with
 the twin's load generator, shows the operator's decisions live, and writes a report with plots.
 
+The deployment's weights are on a model cache claim (``spec.model.cache``, prefilled: the demo plays the
+storage admin and provides the volume). Each new replica's model loading is the start-up the spec implies
+(:mod:`disagg.twin.startup`: weights read from the cache, versus every replica downloading them first),
+compressed by ``startup_scale`` like the rest of the demo; kwok holds each engine pod's Ready condition
+until the twin serves it, as a readiness probe would. At the end the demo reports how long each
+scale-up's new pods took from creation to Ready, against the estimates with and without the cache.
+
 The scenario (manifests, phases, Prometheus config, sampling, report) is shared with the closed-loop
 e2e test (tests/e2e/test_closed_loop.py), which asserts what the demo shows.
 """
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from kubernetes.client.exceptions import ApiException
 
-from disagg.k8s.client import APPLY_PATCH, DEPLOYMENT, DISAGG_DEPLOYMENT, KubeApi
+from disagg.k8s.client import APPLY_PATCH, DEPLOYMENT, DISAGG_DEPLOYMENT, MERGE_PATCH, POD, Kind, KubeApi
 
 if TYPE_CHECKING:
     from disagg.cluster.local import ClusterInfo
@@ -74,7 +81,15 @@ class DemoSettings:
     scale_down_window_s: int = 60
     scrape_interval_s: float = 2.0
     refresh_s: float = 3.0
-    startup_delay_s: float = 5.0  # seconds of "model loading" before a new emulated pod serves
+    # the weights are on this claim (spec.model.cache, prefilled; the demo provides it); None: no cache,
+    # every new replica downloads the model first
+    model_cache_claim: str | None = "weights"
+    # a new emulated pod loads its model for the spec's start-up estimate times this: Llama-3.1-8B read
+    # from the cache, ~71 s, becomes ~5 s (downloading, ~97 s, would become ~7 s)
+    startup_scale: float = 0.07
+    # kwok holds the engine pods un-Ready until the live twin serves them (False: Ready at once, for a
+    # deployment no twin follows)
+    ready_when_served: bool = True
     decode_pre_stop_s: int = 30  # > the documents phase's worst TTFT (see deployment_manifest)
     drain_s: float = 20.0  # at most this long after a phase's last arrival for its requests to finish
     # Llama-3.1-8B on one H100 prefills ~40k tokens/s in the twin's latency model: chat needs a fraction
@@ -129,25 +144,38 @@ def ratio_policy_manifest(settings: DemoSettings) -> dict[str, Any]:
     }
 
 
+def model_spec(settings: DemoSettings) -> dict[str, Any]:
+    """spec.model: the Hugging Face model, cached on the demo's prefilled claim when it has one."""
+    model: dict[str, Any] = {
+        "name": settings.model,
+        "servedName": settings.served_model,
+        "source": {"huggingFace": {"id": settings.model}},
+    }
+    if settings.model_cache_claim is not None:
+        model["cache"] = {"claimName": settings.model_cache_claim, "prefilled": True}
+    return model
+
+
 def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
     """The demo's DisaggregatedDeployment: vLLM + NIXL, one GPU per replica, autoscaling on."""
+    from disagg.cluster.kwok_stages import READY_WHEN_SERVED
+
     node_selector = {"disagg.dev/gpu-type": settings.gpu_type}
+    # kwok keeps the engine pods un-Ready until the live twin serves them (after their model loading)
+    held = {"metadata": {"annotations": {READY_WHEN_SERVED: "true"}}} if settings.ready_when_served else None
     return {
         "apiVersion": "disagg.dev/v1alpha1",
         "kind": "DisaggregatedDeployment",
         "metadata": {"name": settings.deployment, "namespace": settings.namespace},
         "spec": {
-            "model": {
-                "name": settings.model,
-                "servedName": settings.served_model,
-                "source": {"huggingFace": {"id": settings.model}},
-            },
+            "model": model_spec(settings),
             "engine": {"type": settings.engine},
             "kvTransfer": {"connector": settings.connector},
             "prefill": {
                 "replicas": settings.prefill_replicas,
                 "tensorParallelSize": 1,
                 "nodeSelector": {**node_selector, **dict(settings.prefill_node_labels)},
+                **({"podTemplate": held} if held else {}),
             },
             "decode": {
                 "replicas": settings.decode_replicas,
@@ -157,10 +185,11 @@ def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
                 # pod once it is Terminating; requests already routed to it still arrive up to one
                 # (queued) prefill later, so a decode pod must keep accepting for longer than that.
                 "preStopSleepSeconds": settings.decode_pre_stop_s,
+                **({"podTemplate": held} if held else {}),
             },
             # Both released routers re-check a discovered pod's /health every
-            # --worker-startup-check-interval seconds (default 30) before adding it; kwok marks pods Ready
-            # before the twin's engine has loaded, where a real readiness probe would hold them back.
+            # --worker-startup-check-interval seconds (default 30) before adding it; kwok marks a pod Ready
+            # when the twin's engine serves, and the router should add it within a second of that.
             "router": {"replicas": 1, "args": ["--worker-startup-check-interval", "1"]},
             "autoscaling": {
                 "enabled": True,
@@ -289,6 +318,153 @@ def summarise(samples: Sequence[Sample], settings: DemoSettings, shift_phase: st
     )
 
 
+# -------------------------------------------------------------------------------------------- start-up
+
+CACHE_VOLUME_SIZE = "20Gi"  # Llama-3.1-8B in bf16 is about 16 GB
+
+
+def cache_volume_manifests(settings: DemoSettings) -> list[dict[str, Any]]:
+    """The demo's prefilled model cache claim and a PersistentVolume reserved for it: the local control
+    plane has no provisioner, and kwok runs no containers, so nothing ever reads it; the scheduler only
+    needs the claim bound to place the engine pods that mount it. Empty without a cache."""
+    claim = settings.model_cache_claim
+    if claim is None:
+        return []
+    volume = f"{settings.namespace}-{claim}"[:63]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": CACHE_VOLUME_SIZE},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": f"/models/{volume}"},
+                "claimRef": {"namespace": settings.namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": settings.namespace},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": CACHE_VOLUME_SIZE}},
+            },
+        },
+    ]
+
+
+@dataclass(frozen=True)
+class StartupEstimates:
+    """A new replica's start-up for the demo's model, with and without the model cache, at full scale
+    (disagg.twin.startup), and the demo's compression of it."""
+
+    weight_gb: float
+    cached_s: float
+    downloading_s: float
+    scale: float
+    cached: bool  # whether the demo's deployment has the cache
+
+    @property
+    def expected_s(self) -> float:
+        """The compressed model loading of the demo's own pods."""
+        return (self.cached_s if self.cached else self.downloading_s) * self.scale
+
+
+def startup_estimates(settings: DemoSettings, dtype: str = "bf16") -> StartupEstimates | None:
+    """The estimates for the demo's deployment spec, as the live twin and the operator take them; None
+    when the twin has no profile of the model."""
+    from disagg.twin.latency import load_model_config
+    from disagg.twin.startup import spec_startup_delay_s
+
+    spec = deployment_manifest(settings)["spec"]
+    model = {k: v for k, v in spec["model"].items() if k != "cache"}
+    try:
+        cached = spec_startup_delay_s({**spec, "model": {**model, "cache": {"claimName": "c"}}}, dtype)
+        downloading = spec_startup_delay_s({**spec, "model": model}, dtype)
+        weight_gb = load_model_config(settings.model).weight_bytes(dtype) / 1e9
+    except (ValueError, KeyError):
+        return None
+    return StartupEstimates(
+        weight_gb, cached, downloading, settings.startup_scale, settings.model_cache_claim is not None
+    )
+
+
+@dataclass(frozen=True)
+class PodStartup:
+    """One engine pod that a scale-up added, and how long it took from creation to Ready."""
+
+    name: str
+    role: str
+    created_at_s: float  # since the traffic started
+    seconds: float
+
+
+def scale_up_startups(pods: Sequence[Any], since: float) -> list[PodStartup]:
+    """The pods (disagg.controller.autoscaling.PodInfo) created after ``since`` (the traffic's start,
+    epoch seconds: the operator's scale-ups) that turned Ready, oldest first."""
+    from disagg.controller.autoscaling import pod_startup_s
+
+    found: list[PodStartup] = []
+    for pod in pods:
+        seconds = pod_startup_s(pod)
+        if seconds is None or pod.created is None or pod.created < since:
+            continue
+        found.append(PodStartup(pod.name, pod.role, pod.created - since, seconds))
+    return sorted(found, key=lambda p: (p.created_at_s, p.name))
+
+
+def startup_report(
+    startups: Sequence[PodStartup], estimates: StartupEstimates | None, claim: str | None
+) -> list[str]:
+    """What the scale-ups show about model loading: each new pod's creation-to-Ready time, and why (the
+    estimates with and without the model cache)."""
+    from disagg.twin.startup import DEFAULT_ASSUMPTIONS as A
+
+    lines = [
+        f"{p.role} pod {p.name}, added at {p.created_at_s:.0f}s: Ready {p.seconds:.0f} s after its creation"
+        for p in startups
+    ] or ["no pod was added during the traffic (no scale-up)"]
+    if estimates is None:
+        return [*lines, "no start-up estimate: the twin has no profile of the model"]
+    e, x = estimates, estimates.scale
+    if e.cached:
+        why = (
+            f"why: spec.model.cache (claim {claim}): a new replica reads the model's {e.weight_gb:.0f} GB "
+            f"from the cache, estimated {e.cached_s:.0f} s ({e.cached_s * x:.1f} s at this demo's x{x:g}); "
+            f"without the cache every new replica downloads it first: {e.downloading_s:.0f} s "
+            f"({e.downloading_s * x:.1f} s here), {e.downloading_s - e.cached_s:.0f} s more per scale-up"
+        )
+    else:
+        why = (
+            f"why: no spec.model.cache: every new replica downloads the model's {e.weight_gb:.0f} GB first, "
+            f"estimated {e.downloading_s:.0f} s ({e.downloading_s * x:.1f} s at this demo's x{x:g}); "
+            f"with the cache it would read them from the volume: {e.cached_s:.0f} s "
+            f"({e.cached_s * x:.1f} s here)"
+        )
+    assumed = (
+        f"(estimates: disagg.twin.startup's assumptions: Hub download {A.hub_download_gbytes_per_s:g} GB/s, "
+        f"cache read {A.cache_read_gbytes_per_s:g} GB/s, engine start {A.engine_init_s:.0f} s)"
+    )
+    return [*lines, why, assumed]
+
+
+def operator_startup(deployment: Mapping[str, Any]) -> str | None:
+    """The start-up the operator's policy plans with, from the ScalingActive condition's message."""
+    from disagg.controller.autoscaling import CONDITION_ACTIVE
+
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        message = str(condition.get("message") or "")
+        if condition.get("type") == CONDITION_ACTIVE and "replica start-up: " in message:
+            return message.split("replica start-up: ", 1)[1]
+    return None
+
+
 # -------------------------------------------------------------------------------------------- report
 
 
@@ -381,8 +557,10 @@ def write_report(
     events: Sequence[Mapping[str, Any]],
     settings: DemoSettings,
     out_dir: Path,
+    startup: Sequence[str] = (),
 ) -> list[Path]:
-    """report.html (summary, plot, decisions, events), timeline.png and samples.json under ``out_dir``."""
+    """report.html (summary, plot, scale-up start-up, decisions, events), timeline.png and samples.json
+    under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     png = plot_report(samples, settings, out_dir / "timeline.png")
     outcome = summarise(samples, settings)
@@ -395,6 +573,7 @@ def write_report(
                 "samples": [asdict(s) for s in samples],
                 "decisions": list(decisions),
                 "events": list(events),
+                "startup": list(startup),
             },
             indent=2,
         )
@@ -427,6 +606,8 @@ SLOs: TTFT p{settings.percentile:.0f} &le; {settings.ttft_slo_s * 1000:.0f} ms,
 ITL p{settings.percentile:.0f} &le; {settings.itl_slo_s * 1000:.0f} ms.</p>
 {_table(summary, ["what", "value"])}
 <h2>Timeline</h2><img src="{png.name}" alt="TTFT, ITL and replicas over time" width="100%">
+<h2>Scale-up start-up (pod creation to Ready)</h2>
+<ul>{"".join(f"<li>{html.escape(line)}</li>" for line in startup)}</ul>
 <h2>Decisions (status.autoscaling.decisions, newest first)</h2>
 {_table(decisions, ["time", "prefill", "decode", "cause", "message"])}
 <h2>Events</h2>
@@ -461,11 +642,14 @@ def _apply_path(obj: Mapping[str, Any], plural: str) -> str:
     return f"{base}/{plural}/{metadata['name']}"
 
 
+PERSISTENT_VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespaced=False)
 PLURALS = {
     "Namespace": "namespaces",
     "RatioPolicy": "ratiopolicies",
     "DisaggregatedDeployment": "disaggregateddeployments",
     "CustomResourceDefinition": "customresourcedefinitions",
+    "PersistentVolume": "persistentvolumes",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
 }
 
 
@@ -579,8 +763,8 @@ def twin_command(
         settings.deployment,
         "--model",
         settings.served_model,
-        "--startup-delay",
-        str(settings.startup_delay_s),
+        "--startup-scale",
+        str(settings.startup_scale),
         "--endpoints-file",
         str(endpoints),
     ]
@@ -609,6 +793,8 @@ class ClosedLoop:
     router: Any = None  # disagg.cluster.routers.RouterProcess: the released router the traffic goes through
     signals: Any = None  # disagg.metrics' Prometheus adapter, when available
     notes: list[str] = field(default_factory=list)
+    pods_seen: dict[str, Any] = field(default_factory=dict)  # engine pod -> its latest PodInfo
+    traffic_started: float | None = None  # epoch seconds
 
     @property
     def operator_metrics_url(self) -> str:
@@ -637,7 +823,23 @@ class ClosedLoop:
             self.run.log_dir / "operator.log",
         )
 
+    def provide_model_cache(self) -> None:
+        """The prefilled claim and its volume. A volume left Released by an earlier run's claim (same
+        namespace) is made Available again for the new one (its claimRef's uid cleared)."""
+        for obj in cache_volume_manifests(self.settings):
+            if obj["kind"] == "PersistentVolume":
+                live = self.kube.get(PERSISTENT_VOLUME, None, obj["metadata"]["name"]) or {}
+                if (live.get("status") or {}).get("phase") == "Released":
+                    self.kube.request(
+                        "PATCH",
+                        PERSISTENT_VOLUME.path(None, obj["metadata"]["name"]),
+                        body={"spec": {"claimRef": {"uid": None, "resourceVersion": None}}},
+                        content_type=MERGE_PATCH,
+                    )
+            apply_object(self.kube, obj)
+
     def apply_scenario(self) -> None:
+        self.provide_model_cache()
         apply_object(self.kube, ratio_policy_manifest(self.settings))
         apply_object(self.kube, deployment_manifest(self.settings))
 
@@ -752,6 +954,22 @@ class ClosedLoop:
         ttft, itl = read_latencies(self.prometheus.url, self.settings)
         return ttft, itl
 
+    def observe_pods(self) -> None:
+        """Remember every engine pod of the deployment as last seen (a removed pod keeps its entry)."""
+        from disagg.controller.autoscaling import pod_info
+
+        selector = f"disagg.dev/deployment={self.settings.deployment}"
+        for pod in self.kube.list(POD, self.settings.namespace, selector):
+            info = pod_info(pod)
+            if info.role in ("prefill", "decode"):
+                self.pods_seen[info.name] = info
+
+    def scale_up_startups(self) -> list[PodStartup]:
+        """Each pod added after the traffic started, with its creation-to-Ready time."""
+        self.observe_pods()
+        since = self.traffic_started if self.traffic_started is not None else math.inf
+        return scale_up_startups(list(self.pods_seen.values()), since)
+
     def sample(self, elapsed_s: float, phase: str | None = None) -> Sample:
         (p_desired, p_ready), (d_desired, d_ready) = (
             self.role_replicas("prefill"),
@@ -759,6 +977,7 @@ class ClosedLoop:
         )
         latest, decisions = self.latest_evaluation()
         ttft, itl = self.latencies()
+        self.observe_pods()
         return Sample(
             elapsed_s=elapsed_s,
             phase=phase or self.settings.phase_at(elapsed_s).name,
@@ -905,6 +1124,7 @@ def drive(loop: ClosedLoop, out: TextIO) -> tuple[list[Sample], list[PhaseReport
     samples: list[Sample] = []
     print(TABLE_HEADER, file=out, flush=True)
     started = time.monotonic()
+    loop.traffic_started = time.time()
     thread.start()
     while thread.is_alive():
         sample = loop.sample(time.monotonic() - started, current[-1])
@@ -967,6 +1187,7 @@ def run_demo(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         report_dir=args.report_dir,
         phases=tuple(replace(p, duration_s=p.duration_s / args.speed) for p in base.phases),
+        startup_scale=base.startup_scale / args.speed,
     )
     out = sys.stdout
     cluster_manager = LocalCluster(state_dir=args.state_dir) if args.state_dir else LocalCluster()
@@ -984,7 +1205,8 @@ def run_demo(args: argparse.Namespace) -> int:
         loop.start_prometheus()
         _step(out, f"operator (logs: {run.log_dir / 'operator.log'}), metrics on {loop.operator_metrics_url}")
         loop.start_operator()
-        _step(out, f"RatioPolicy {settings.policy} and DisaggregatedDeployment {settings.deployment}")
+        cache = f", weights on claim {settings.model_cache_claim}" if settings.model_cache_claim else ""
+        _step(out, f"RatioPolicy {settings.policy} and DisaggregatedDeployment {settings.deployment}{cache}")
         loop.apply_scenario()
         wait_until(loop.children_ready, run.start_timeout_s, "the deployment's children")
         print(
@@ -1001,7 +1223,16 @@ def run_demo(args: argparse.Namespace) -> int:
         samples, reports = drive(loop, out)
         for report in reports:
             print(f"   {report.summary()}", file=out)
-        paths = write_report(samples, loop.decisions(), loop.events(), settings, settings.report_dir)
+        startup = startup_report(
+            loop.scale_up_startups(), startup_estimates(settings), settings.model_cache_claim
+        )
+        planned = operator_startup(loop.deployment())
+        if planned is not None:
+            startup.append(f"the operator's policy plans with: {planned}")
+        _step(out, "scale-up start-up (pod creation to Ready):")
+        for line in startup:
+            print(f"   {line}", file=out)
+        paths = write_report(samples, loop.decisions(), loop.events(), settings, settings.report_dir, startup)
         outcome = summarise(samples, settings)
         _step(
             out,

@@ -30,7 +30,10 @@ from disagg.demo import (
     deployment_manifest,
     drive,
     install_crds,
+    operator_startup,
     ratio_policy_manifest,
+    startup_estimates,
+    startup_report,
     summarise,
     wait_until,
     write_report,
@@ -82,7 +85,8 @@ def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterato
 
 def apply_advisory_deployment(loop: ClosedLoop) -> DemoSettings:
     """A second, idle deployment (on the L40S nodes, apart from the closed loop's H100s) whose advisory
-    RatioPolicy's GPU budget (3) is below its spec's 2:2: the policy wants 2:1 and must not get it."""
+    RatioPolicy's GPU budget (3) is below its spec's 2:2: the policy wants 2:1 and must not get it. No
+    twin follows it, so kwok makes its pods Ready at once."""
     advice = replace(
         loop.settings,
         deployment="advice",
@@ -90,6 +94,7 @@ def apply_advisory_deployment(loop: ClosedLoop) -> DemoSettings:
         gpu_type="l40s",
         prefill_replicas=2,
         decode_replicas=2,
+        ready_when_served=False,
     )
     policy = ratio_policy_manifest(advice)
     policy["spec"].update(mode="advisory", gpuBudget={"maxGPUs": 3})
@@ -186,6 +191,19 @@ def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) 
     assert outcome.breached_after_shift and outcome.recovered, timeline
     measured = [s for s in samples if s.phase == "documents" and s.ttft_s is not None]
     assert measured[-1].ttft_s is not None and measured[-1].ttft_s <= settings.ttft_slo_s, timeline
+
+    # each pod a scale-up added turned Ready after the model loading its spec implies (the weights read
+    # from the model cache, compressed by startup_scale), and the operator's policy plans with the
+    # start-up it measured on the pods
+    estimates = startup_estimates(settings)
+    assert estimates is not None and estimates.cached
+    startups = closed_loop.scale_up_startups()
+    print("scale-up start-up:", *startup_report(startups, estimates, settings.model_cache_claim), sep="\n  ")
+    assert startups, timeline
+    for pod in startups:  # second-precision timestamps, the twin's watch and the annotation round trip
+        assert estimates.expected_s - 1.0 <= pod.seconds <= estimates.expected_s + 4.0, (pod, estimates)
+    planned = operator_startup(closed_loop.deployment())
+    assert planned is not None and "prefill" in planned and "measured" in planned, planned
 
     # every move is in status: each allocation the children ran (beyond the first) was a recorded decision
     assert decisions, "status.autoscaling.decisions is empty"

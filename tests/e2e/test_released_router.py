@@ -49,6 +49,9 @@ SIDE_CHANNEL_PORT = 5600  # the DD's kvTransfer.sideChannelPort default (vLLM's 
 # seconds (vllm-router 0.1.17 default 30). On a real cluster the readiness probe holds the pod unready
 # until the engine serves; kwok marks pods Ready at once, so the check runs sooner here.
 ROUTER_ARGS = ["--worker-startup-check-interval", "1"]
+# No model loading in the twin (following the DD it would take the spec's start-up estimate for the 70B
+# model, minutes): these tests are about routing, not start-up.
+NO_LOADING = Overrides(startup_delay_s=0.0)
 
 
 def deployment(namespace: str) -> dict[str, Any]:
@@ -262,7 +265,7 @@ async def scenario(
     kube: KubeApi, namespace: str, dd: DisaggregatedDeployment, kubeconfig: Path, tmp: Path
 ) -> None:
     pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5)))
-    follower = PodFollower(kube.api_client, namespace, NAME, pool, Overrides(), watch_timeout_s=5)
+    follower = PodFollower(kube.api_client, namespace, NAME, pool, NO_LOADING, watch_timeout_s=5)
     follower.start()
     router: RouterProcess | None = None
     try:
@@ -428,7 +431,7 @@ async def sglang_scenario(
     kube: KubeApi, namespace: str, dd: DisaggregatedDeployment, kubeconfig: Path, tmp: Path
 ) -> None:
     pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5)))
-    follower = PodFollower(kube.api_client, namespace, SGLANG_NAME, pool, Overrides(), watch_timeout_s=5)
+    follower = PodFollower(kube.api_client, namespace, SGLANG_NAME, pool, NO_LOADING, watch_timeout_s=5)
     follower.start()
     router: RouterProcess | None = None
     try:

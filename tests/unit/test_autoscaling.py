@@ -10,7 +10,9 @@ from disagg.controller.autoscaling import (
     CONDITION_LIMITED,
     CONDITION_METRICS,
     AutoscalingSettings,
+    PodInfo,
     RoleCounts,
+    StartupEstimate,
     apply_ceiling,
     autoscaling_enabled,
     autoscaling_status,
@@ -20,13 +22,18 @@ from disagg.controller.autoscaling import (
     is_due,
     limited_condition,
     loads_from_result,
+    measured_startup_s,
     metrics_condition,
     parse_rfc3339,
     pod_info,
+    pod_startup_s,
     rfc3339,
     role_counts,
+    role_startups,
     running_by_pod_query,
     set_condition,
+    spec_serving,
+    startup_message,
     update_limits,
 )
 from disagg.policy.types import (
@@ -36,6 +43,7 @@ from disagg.policy.types import (
     PolicyState,
     Reason,
     RoleObservation,
+    ServingProfile,
     SignalState,
 )
 
@@ -310,3 +318,122 @@ def test_per_pod_load_query_and_result() -> None:
     ]
     assert loads_from_result(result) == {"d-0": 3.0, "d-1": None}
     assert loads_from_result("garbage") == {}
+
+
+# ------------------------------------------------------------------------------------------- start-up
+
+
+def _timed_pod(name: str, created: float, ready_at: float | None, role: str = "prefill") -> PodInfo:
+    pod = _pod(name, ready=ready_at is not None)
+    metadata = pod["metadata"]
+    assert isinstance(metadata, dict)
+    metadata["creationTimestamp"] = rfc3339(created)
+    metadata["labels"] = {"disagg.dev/role": role}
+    if ready_at is not None:
+        status = pod["status"]
+        assert isinstance(status, dict)
+        status["conditions"][0]["lastTransitionTime"] = rfc3339(ready_at)
+    return pod_info(pod)
+
+
+def _spec(model: str = "meta-llama/Llama-3.1-70B-Instruct", cached: bool = True) -> dict[str, object]:
+    model_spec: dict[str, object] = {"name": model, "source": {"huggingFace": {"id": model}}}
+    if cached:
+        model_spec["cache"] = {"claimName": "weights", "create": {"size": "200Gi"}}
+    return {
+        "model": model_spec,
+        "engine": {"type": "vllm"},
+        "kvTransfer": {"connector": "nixl"},
+        "prefill": {
+            "replicas": 1,
+            "tensorParallelSize": 4,
+            "nodeSelector": {"disagg.dev/gpu-type": "h100"},
+        },
+        "decode": {"replicas": 2, "tensorParallelSize": 8},
+        "autoscaling": {
+            "enabled": True,
+            "policyRef": {"name": "slo"},
+            "prefill": {"minReplicas": 1, "maxReplicas": 4},
+        },
+    }
+
+
+def test_pod_info_reads_creation_and_ready_times() -> None:
+    pod = _timed_pod("p-0", T0, T0 + 154)
+    assert (pod.created, pod.ready_since) == (T0, T0 + 154)
+    assert pod_startup_s(pod) == 154
+    waiting = _timed_pod("p-1", T0, None)
+    assert waiting.created == T0 and waiting.ready_since is None and pod_startup_s(waiting) is None
+    assert pod_info(_pod("bare")).created is None  # no timestamps: nothing to measure
+
+
+def test_measured_startup_is_the_median_of_the_newest_ready_pods() -> None:
+    pods = [
+        _timed_pod("old", T0, T0 + 400),  # downloaded, before the cache: left out (not among the newest 3)
+        _timed_pod("a", T0 + 1000, T0 + 1150),
+        _timed_pod("b", T0 + 2000, T0 + 2160),
+        _timed_pod("c", T0 + 3000, T0 + 3900),  # flapped Ready since: the median keeps it from counting
+        _timed_pod("loading", T0 + 4000, None),  # not Ready yet: no sample
+    ]
+    assert measured_startup_s(pods) == (160.0, 3)
+    assert measured_startup_s(pods, sample=1) == (900.0, 1)
+    assert measured_startup_s(pods[-1:]) is None
+    assert measured_startup_s([]) is None
+    clock_skew = _timed_pod("skew", T0 + 10, T0)  # Ready before created: not a start-up
+    assert measured_startup_s([clock_skew]) is None
+
+
+def test_bounds_carry_the_serving_profile_simulate_uses() -> None:
+    from disagg.twin.sim import SimDeployment
+
+    spec = _spec()
+    bounds = bounds_of(spec)
+    dep = SimDeployment.from_dict(
+        {"kind": "DisaggregatedDeployment", "metadata": {"name": "x"}, "spec": spec}
+    )
+    assert bounds.profile == ServingProfile(dep.model, dep.gpu, dep.prefill.tp, dep.decode.tp, dep.dtype)  # type: ignore[union-attr]
+    assert bounds.profile == ServingProfile("meta-llama/Llama-3.1-70B-Instruct", "h100", 4, 8, "bf16")
+    assert (bounds.prefill.gpus_per_replica, bounds.decode.gpus_per_replica) == (4, 8)
+    # no model in the spec (not a valid DisaggregatedDeployment): no profile, no start-up
+    bare = bounds_of({"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
+    assert bare.profile is None and bare.prefill.startup_seconds is None
+
+
+def test_startup_comes_from_the_pods_else_from_the_spec_cached_or_downloading() -> None:
+    from disagg.twin.startup import spec_startup_delay_s
+
+    cached, downloading = _spec(cached=True), _spec(cached=False)
+    estimate = spec_startup_delay_s(cached, "bf16")
+    assert bounds_of(cached).prefill.startup_seconds == pytest.approx(estimate)  # ~154 s
+    assert bounds_of(downloading).decode.startup_seconds == pytest.approx(
+        spec_startup_delay_s(downloading, "bf16")  # ~389 s
+    )
+    assert bounds_of(cached).prefill.startup_seconds < bounds_of(downloading).prefill.startup_seconds  # type: ignore[operator]
+    measured = {"prefill": [_timed_pod("p", T0, T0 + 170)], "decode": [_timed_pod("d", T0, None, "decode")]}
+    bounds = bounds_of(cached, measured)
+    assert bounds.prefill.startup_seconds == 170.0  # measured on the role's own pods wins
+    assert bounds.decode.startup_seconds == pytest.approx(estimate)  # no decode pod Ready yet: the spec's
+    # a model the twin has no profile of: the profile still names it, the start-up is unknown
+    unknown = bounds_of(_spec(model="Qwen/Qwen3-0.6B"))
+    assert unknown.profile is not None and unknown.profile.model == "Qwen/Qwen3-0.6B"
+    assert unknown.prefill.startup_seconds is None and unknown.decode.startup_seconds is None
+
+
+def test_the_startup_the_policy_plans_with_is_said_where_it_comes_from() -> None:
+    serving = spec_serving(_spec(cached=True))
+    assert serving is not None and serving.cached and serving.startup_s is not None
+    startups = role_startups(serving, {"prefill": [_timed_pod("p", T0, T0 + 5)]})
+    assert startups["prefill"] == StartupEstimate(5.0, "measured", "measured: pod, creation to Ready")
+    decode = startups["decode"]
+    assert decode is not None and decode.source == "spec"
+    message = startup_message(startups)
+    assert message == (
+        "replica start-up: prefill 5 s (measured: pod, creation to Ready), "
+        f"decode {serving.startup_s:.0f} s (estimate: weights read from the model cache)"
+    )
+    downloading = role_startups(spec_serving(_spec(cached=False)), {})
+    assert "every replica downloads the weights" in startup_message(downloading)
+    assert startup_message(role_startups(None, {})) == (
+        "replica start-up: prefill unknown (no pod Ready yet, no estimate for the model), "
+        "decode unknown (no pod Ready yet, no estimate for the model)"
+    )

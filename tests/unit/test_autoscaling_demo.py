@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,18 @@ from disagg.demo import (
     DemoSettings,
     Phase,
     PhaseReport,
+    PodStartup,
     Sample,
+    cache_volume_manifests,
     deployment_manifest,
     format_row,
+    operator_startup,
     phase_requests,
     prometheus_config,
     ratio_policy_manifest,
+    scale_up_startups,
+    startup_estimates,
+    startup_report,
     summarise,
     write_report,
 )
@@ -151,3 +158,83 @@ def test_report_has_page_plot_and_data(tmp_path: Path) -> None:
     assert "TTFTBreachPrefillQueue" in text and "&lt;x&gt;" in text and 'src="timeline.png"' in text
     assert png.read_bytes().startswith(b"\x89PNG")
     assert '"recovered": true' in data.read_text()
+
+
+# -------------------------------------------------------------------------------- scale-up start-up
+
+
+def test_the_demo_deployment_reads_its_weights_from_a_prefilled_cache_and_waits_for_the_twin() -> None:
+    from disagg.cluster.kwok_stages import READY_WHEN_SERVED
+
+    dd = DisaggregatedDeployment.model_validate(deployment_manifest(SETTINGS))
+    cache = dd.spec.model.cache
+    assert cache is not None and cache.claim_name == SETTINGS.model_cache_claim and cache.prefilled
+    for role in (dd.spec.prefill, dd.spec.decode):
+        assert role.pod_template == {"metadata": {"annotations": {READY_WHEN_SERVED: "true"}}}
+    volume, claim = cache_volume_manifests(SETTINGS)
+    assert claim["metadata"] == {"name": "weights", "namespace": SETTINGS.namespace}
+    assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert volume["spec"]["claimRef"] == {"namespace": SETTINGS.namespace, "name": "weights"}
+    uncached = replace(SETTINGS, model_cache_claim=None)
+    assert cache_volume_manifests(uncached) == []
+    assert "cache" not in deployment_manifest(uncached)["spec"]["model"]
+
+
+def test_the_startup_estimates_are_the_twins_for_the_spec_cached_and_downloading() -> None:
+    from disagg.twin.startup import spec_startup_delay_s
+
+    estimates = startup_estimates(SETTINGS)
+    assert estimates is not None and estimates.cached
+    spec = deployment_manifest(SETTINGS)["spec"]
+    assert estimates.cached_s == pytest.approx(spec_startup_delay_s(spec, "bf16"))  # ~71 s for 8B
+    assert estimates.cached_s < estimates.downloading_s  # ~97 s
+    assert estimates.weight_gb == pytest.approx(16.06, abs=0.1)
+    # the demo's pods load for ~5 s: the old demo's fixed delay, now the cached estimate compressed
+    assert estimates.expected_s == pytest.approx(estimates.cached_s * SETTINGS.startup_scale)
+    assert 4.0 < estimates.expected_s < 6.0
+    uncached = startup_estimates(replace(SETTINGS, model_cache_claim=None))
+    assert uncached is not None and uncached.expected_s == pytest.approx(
+        estimates.downloading_s * SETTINGS.startup_scale
+    )
+    assert startup_estimates(replace(SETTINGS, model="Qwen/Qwen3-0.6B")) is None
+
+
+def test_the_scale_up_report_times_the_added_pods_and_says_why() -> None:
+    from disagg.controller.autoscaling import PodInfo
+
+    since = 1_800_000_000.0
+    pods = [
+        PodInfo("chat-prefill-a", "prefill", True, True, created=since - 60, ready_since=since - 55),
+        PodInfo("chat-prefill-b", "prefill", True, True, created=since + 52, ready_since=since + 57),
+        PodInfo("chat-decode-c", "decode", True, True, created=since + 40, ready_since=since + 46),
+        PodInfo("chat-prefill-d", "prefill", False, True, created=since + 80),  # still loading
+    ]
+    startups = scale_up_startups(pods, since)
+    assert startups == [
+        PodStartup("chat-decode-c", "decode", 40.0, 6.0),
+        PodStartup("chat-prefill-b", "prefill", 52.0, 5.0),
+    ]
+    estimates = startup_estimates(SETTINGS)
+    lines = startup_report(startups, estimates, "weights")
+    assert lines[0] == "decode pod chat-decode-c, added at 40s: Ready 6 s after its creation"
+    assert lines[2].startswith("why: spec.model.cache (claim weights): a new replica reads the model's 16 GB")
+    assert "estimated 71 s (4.9 s at this demo's x0.07)" in lines[2]
+    assert "downloads it first: 97 s (6.8 s here), 27 s more per scale-up" in lines[2]
+    assert "engine start 60 s" in lines[3]
+    uncached = startup_estimates(replace(SETTINGS, model_cache_claim=None))
+    assert startup_report([], uncached, None)[0] == "no pod was added during the traffic (no scale-up)"
+    assert startup_report([], uncached, None)[1].startswith("why: no spec.model.cache")
+    assert startup_report([], None, None)[-1].startswith("no start-up estimate")
+
+
+def test_the_operators_planned_startup_is_read_from_its_condition() -> None:
+    message = "RatioPolicy demo-slo (slo-feedback) decides replicas; replica start-up: prefill 5 s (x)"
+    obj = {"status": {"conditions": [{"type": "ScalingActive", "status": "True", "message": message}]}}
+    assert operator_startup(obj) == "prefill 5 s (x)"
+    assert operator_startup({}) is None
+
+
+def test_the_report_shows_the_startup(tmp_path: Path) -> None:
+    page, _, data = write_report(RUN, [], [], SETTINGS, tmp_path / "r", ["prefill pod p: Ready 5 s <x>"])
+    assert "Ready 5 s &lt;x&gt;" in page.read_text()
+    assert "prefill pod p: Ready 5 s" in data.read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -401,3 +402,46 @@ def test_drain_finishes_in_flight_requests_and_refuses_new_ones() -> None:
         return aborted, request.finish_reason
 
     assert asyncio.run(scenario()) == (0, "length")
+
+
+def test_a_followed_pod_loads_its_model_for_the_spec_start_up_unless_the_cli_fixes_it() -> None:
+    import argparse
+    import copy
+
+    from disagg.twin.cli import _pool_settings, configure
+    from disagg.twin.live.follower import spec_startup_delay
+    from disagg.twin.live.pods import PodPool, PoolSettings
+    from disagg.twin.startup import spec_startup_delay_s
+
+    example = yaml.safe_load((REPO / "examples" / "vllm-nixl.yaml").read_text())  # 70B, weights cached
+    uncached = copy.deepcopy(example)
+    del uncached["spec"]["model"]["cache"]
+    cached = defaults_from_deployment(example, startup_scale=0.5)
+    downloading = defaults_from_deployment(uncached, startup_scale=0.5)
+    assert cached.startup_delay_s == pytest.approx(spec_startup_delay_s(example["spec"], "bf16") * 0.5)
+    assert downloading.startup_delay_s == pytest.approx(spec_startup_delay_s(uncached["spec"], "bf16") * 0.5)
+    assert cached.startup_delay_s is not None and downloading.startup_delay_s is not None
+    assert 60 < cached.startup_delay_s < downloading.startup_delay_s  # ~77 s vs ~195 s at half scale
+    spec = pod_spec_for(_pod("prefill"), cached, Overrides())
+    assert spec is not None and spec.startup_delay_s == cached.startup_delay_s
+    fixed = pod_spec_for(_pod("prefill"), cached, Overrides(startup_delay_s=2.0))
+    assert fixed is not None and fixed.startup_delay_s == 2.0  # --startup-delay wins
+    # a model the twin has no profile of: the fallback's delay (None: the pool's setting)
+    unknown = copy.deepcopy(uncached)
+    unknown["spec"]["model"]["name"] = "Qwen/Qwen3-0.6B"
+    assert defaults_from_deployment(unknown).startup_delay_s is None
+    assert spec_startup_delay(unknown["spec"], "bf16") is None
+    with pytest.raises(ValueError, match="scale"):
+        spec_startup_delay(example["spec"], "bf16", scale=-1.0)
+    # the pool sleeps the pod's own delay (else its own setting), in wall seconds
+    pool = PodPool(PoolSettings(engine=EngineSettings(time_scale=0.5), startup_delay_s=3.0))
+    assert pool.startup_delay_s(spec) == pytest.approx(cached.startup_delay_s * 0.5)
+    assert pool.startup_delay_s(replace(spec, startup_delay_s=None)) == 1.5
+    # the CLI: no --startup-delay means the spec's estimate (times --startup-scale) for followed pods
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["serve", "--deployment", "dd", "--startup-scale", "0.07"])
+    assert args.startup_delay is None and args.startup_scale == 0.07
+    assert _pool_settings(args).startup_delay_s == 0.0
+    args = parser.parse_args(["serve", "--startup-delay", "4"])
+    assert _pool_settings(args).startup_delay_s == 4.0

@@ -6,6 +6,11 @@ once (with a pod IP from kwok's --cidr, or the node IP for hostNetwork pods); a 
 The Stage API and the template functions (Now, Quote, YAML, Version, NodeConditions, NodeIP,
 NodeIPWith, PodIPWith) are
 kwok's: https://kwok.sigs.k8s.io/docs/user/stages-configuration/
+
+A pod annotated ``disagg.dev/ready-when-served`` (the demo's engine pods) becomes Running but not Ready, and
+turns Ready once the live twin serves it (the twin annotates it ``disagg.dev/twin-endpoint`` when its
+emulated engine has loaded the model), as the engine's readiness probe would hold a real pod back: its
+Ready condition's lastTransitionTime then tells the model loading apart, as on a cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 _READY = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+# opt-in: kwok holds the pod's Ready condition False until the live twin serves it
+READY_WHEN_SERVED = "disagg.dev/ready-when-served"
+# what the live twin annotates a pod with once its engine serves (disagg.twin.live.follower)
+TWIN_ENDPOINT = "disagg.dev/twin-endpoint"
+
+
+def _annotation(key: str) -> str:
+    return f'.metadata.annotations["{key}"]'
 
 
 @dataclass(frozen=True)
@@ -79,10 +92,10 @@ conditions:
   status: "True"
   lastTransitionTime: {{ $now | Quote }}
 - type: ContainersReady
-  status: "True"
+  status: "__READY__"
   lastTransitionTime: {{ $now | Quote }}
 - type: Ready
-  status: "True"
+  status: "__READY__"
   lastTransitionTime: {{ $now | Quote }}
 {{ range .spec.readinessGates }}
 - type: {{ .conditionType | Quote }}
@@ -93,7 +106,7 @@ containerStatuses:
 {{ range .spec.containers }}
 - name: {{ .name | Quote }}
   image: {{ .image | Quote }}
-  ready: true
+  ready: __CONTAINER_READY__
   started: true
   restartCount: 0
   state:
@@ -128,6 +141,46 @@ podIPs:
 """
 
 
+def _pod_running(ready: bool) -> str:
+    """Running, with Ready (and ContainersReady) True at once, or False until a later stage sets them."""
+    value = "True" if ready else "False"
+    return _POD_RUNNING.replace("__READY__", value).replace("__CONTAINER_READY__", value.lower())
+
+
+# The held pod turns Ready: the conditions and container statuses again (a status patch from a template
+# merges lists of conditions by type, but all of them are written so no merge semantics matter).
+_POD_SERVED = """\
+{{ $now := Now }}
+{{ $started := or .status.startTime $now }}
+conditions:
+- type: Initialized
+  status: "True"
+  lastTransitionTime: {{ $started | Quote }}
+- type: ContainersReady
+  status: "True"
+  lastTransitionTime: {{ $now | Quote }}
+- type: Ready
+  status: "True"
+  lastTransitionTime: {{ $now | Quote }}
+{{ range .spec.readinessGates }}
+- type: {{ .conditionType | Quote }}
+  status: "True"
+  lastTransitionTime: {{ $now | Quote }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- name: {{ .name | Quote }}
+  image: {{ .image | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $started | Quote }}
+{{ end }}
+"""
+
+
 def node_stages(settings: StageSettings) -> list[dict[str, Any]]:
     ready = _stage(
         "disagg-node-ready",
@@ -149,14 +202,33 @@ def node_stages(settings: StageSettings) -> list[dict[str, Any]]:
 
 
 def pod_stages() -> list[dict[str, Any]]:
+    pending: list[dict[str, Any]] = [
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+        {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+    ]
     running = _stage(
         "disagg-pod-running",
         "Pod",
+        [*pending, {"key": _annotation(READY_WHEN_SERVED), "operator": "DoesNotExist"}],
+        {"statusTemplate": _pod_running(ready=True)},
+    )
+    held = _stage(
+        "disagg-pod-running-until-served",
+        "Pod",
+        [*pending, {"key": _annotation(READY_WHEN_SERVED), "operator": "Exists"}],
+        {"statusTemplate": _pod_running(ready=False)},
+    )
+    served = _stage(
+        "disagg-pod-served",
+        "Pod",
         [
             {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
-            {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+            {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+            {"key": _annotation(READY_WHEN_SERVED), "operator": "Exists"},
+            {"key": _annotation(TWIN_ENDPOINT), "operator": "Exists"},
+            {"key": _READY, "operator": "NotIn", "values": ["True"]},
         ],
-        {"statusTemplate": _POD_RUNNING},
+        {"statusTemplate": _POD_SERVED},
     )
     delete = _stage(
         "disagg-pod-delete",
@@ -164,7 +236,7 @@ def pod_stages() -> list[dict[str, Any]]:
         [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
         {"delete": True},
     )
-    return [running, delete]
+    return [running, held, served, delete]
 
 
 def kwok_config_documents(settings: StageSettings | None = None) -> list[dict[str, Any]]:

@@ -7,7 +7,10 @@ fixed interval; a policy's interval is data). Each evaluation:
 1. reads the RatioPolicy named by ``spec.autoscaling.policyRef``;
 2. builds an Observation: replica/ready/pending counts from the child Deployments and their pods,
    latencies and load from Prometheus through :mod:`disagg.metrics`;
-3. calls the pure :func:`disagg.policy.decide`;
+3. calls the pure :func:`disagg.policy.decide` with the deployment's bounds: replica ranges, GPUs, its
+   serving profile (model, GPU, TP, dtype, read as ``disagg simulate`` reads them) and each role's
+   replica start-up, measured on the role's own pods (creation to Ready) or else estimated from the spec
+   (:mod:`disagg.twin.startup`: weights cached or downloaded), which the ScalingActive condition reports;
 4. writes ``status.autoscaling`` (policy, mode, desiredReplicas, lastEvaluationTime, lastEvaluation --
    the latest evaluation's target and cause even when it changed nothing --, the last decisions)
    and the conditions MetricsAvailable, ScalingActive and ScalingLimited, and posts an Event for every
@@ -27,12 +30,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -55,6 +59,7 @@ from disagg.policy.types import (
     Role,
     RoleBounds,
     RoleObservation,
+    ServingProfile,
 )
 
 # Source: Kubernetes ReplicaSet pod-deletion-cost annotation (beta since v1.22), "Pods with lower
@@ -143,6 +148,8 @@ class PodInfo:
     scheduled: bool
     unschedulable_since: float | None = None  # when PodScheduled turned False with reason Unschedulable
     terminating: bool = False
+    created: float | None = None  # metadata.creationTimestamp
+    ready_since: float | None = None  # lastTransitionTime of the Ready condition, while it is True
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -174,6 +181,12 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         scheduled=is_scheduled,
         unschedulable_since=unschedulable_since,
         terminating=metadata.get("deletionTimestamp") is not None,
+        created=parse_rfc3339(metadata.get("creationTimestamp")),
+        ready_since=(
+            parse_rfc3339(ready.get("lastTransitionTime"))
+            if ready is not None and ready.get("status") == "True"
+            else None
+        ),
     )
 
 
@@ -249,6 +262,116 @@ def deletion_costs(loads: Mapping[str, float | None]) -> dict[str, int]:
     unknown = sorted(k for k, v in loads.items() if v is None or not math.isfinite(v))
     ranked = [name for _, name in known] + unknown
     return {name: rank for rank, name in enumerate(ranked)}
+
+
+# ---------------------------------------------------------------------------------------------- start-up
+
+STARTUP_SAMPLE_PODS = 3  # a role's start-up is the median over its most recently created Ready pods
+
+
+def pod_startup_s(pod: PodInfo) -> float | None:
+    """Seconds from the pod's creation to its turning Ready; None while it is not Ready (or has no
+    timestamps). Both are second-precision API timestamps."""
+    if pod.created is None or pod.ready_since is None or pod.ready_since < pod.created:
+        return None
+    return pod.ready_since - pod.created
+
+
+def measured_startup_s(
+    pods: Sequence[PodInfo], sample: int = STARTUP_SAMPLE_PODS
+) -> tuple[float, int] | None:
+    """The start-up measured on a role's own pods, and how many pods it is from: the median time from
+    creation to Ready of the ``sample`` most recently created pods that are Ready. None: no pod is Ready.
+
+    Creation to Ready is what the policy waits through after asking for a replica: scheduling (and node
+    provisioning), image pull, the weights fetched or read, engine start. A pod whose Ready condition
+    flipped back and forth since counts from its last flip; the median of the newest pods keeps one such
+    pod from setting the value.
+    """
+    timed = sorted(
+        ((p.created or 0.0, seconds) for p in pods if (seconds := pod_startup_s(p)) is not None),
+        reverse=True,
+    )
+    recent = [seconds for _, seconds in timed[:sample]]
+    if not recent:
+        return None
+    return float(statistics.median(recent)), len(recent)
+
+
+@dataclass(frozen=True)
+class SpecServing:
+    """What the deployment's spec says about serving: the model-based algorithm's profile, and the
+    twin's start-up estimate of one replica (None without a twin profile of the model)."""
+
+    profile: ServingProfile
+    startup_s: float | None
+    cached: bool  # spec.model.cache (or a pvc source): replicas read the weights from a volume
+
+
+def spec_serving(spec: Mapping[str, Any]) -> SpecServing | None:
+    """Model, GPU, TP and dtype read from a DisaggregatedDeployment spec (dict as served) exactly as
+    ``disagg simulate`` reads them (disagg.twin.sim.SimDeployment), and the start-up estimate of
+    disagg.twin.startup; None when the spec does not validate or names no model."""
+    from disagg.twin.sim import SimDeployment  # pure; imported when first needed
+    from disagg.twin.startup import spec_startup_delay_s, weights_cached
+
+    document = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": "policy"},
+        "spec": dict(spec),
+    }
+    try:
+        dep = SimDeployment.from_dict(document)
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return None
+    if dep.prefill is None or dep.decode is None:
+        return None
+    profile = ServingProfile(dep.model, dep.gpu, dep.prefill.tp, dep.decode.tp, dep.dtype)
+    try:
+        startup: float | None = spec_startup_delay_s(spec, dep.dtype)
+    except (ValueError, KeyError):  # the twin has no profile of the model
+        startup = None
+    return SpecServing(profile, startup, weights_cached(spec))
+
+
+@dataclass(frozen=True)
+class StartupEstimate:
+    """One role's replica start-up for the policy (RoleBounds.startup_seconds), and where it is from."""
+
+    seconds: float
+    source: Literal["measured", "spec"]
+    detail: str  # for people
+
+    def describe(self, role: str) -> str:
+        return f"{role} {self.seconds:.0f} s ({self.detail})"
+
+
+def role_startup(pods: Sequence[PodInfo], serving: SpecServing | None) -> StartupEstimate | None:
+    """Measured on the role's own pods when one is Ready, else the spec's estimate, else None."""
+    measured = measured_startup_s(pods)
+    if measured is not None:
+        seconds, count = measured
+        what = "pod" if count == 1 else f"median of {count} pods"
+        return StartupEstimate(seconds, "measured", f"measured: {what}, creation to Ready")
+    if serving is not None and serving.startup_s is not None:
+        how = "weights read from the model cache" if serving.cached else "every replica downloads the weights"
+        return StartupEstimate(serving.startup_s, "spec", f"estimate: {how}")
+    return None
+
+
+def role_startups(
+    serving: SpecServing | None, pods: Mapping[str, Sequence[PodInfo]]
+) -> dict[Role, StartupEstimate | None]:
+    return {role: role_startup(pods.get(role, ()), serving) for role in ROLES}
+
+
+def startup_message(startups: Mapping[Role, StartupEstimate | None]) -> str:
+    """The start-up the policy plans with, for the ScalingActive condition."""
+    known = [e.describe(role) for role, e in startups.items() if e is not None]
+    unknown = [role for role, e in startups.items() if e is None]
+    parts = [*known, *(f"{role} unknown (no pod Ready yet, no estimate for the model)" for role in unknown)]
+    return "replica start-up: " + ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -551,7 +674,7 @@ def autoscaling_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
     return bool(auto.get("enabled"))
 
 
-def role_bounds(spec: Mapping[str, Any], role: Role) -> RoleBounds:
+def role_bounds(spec: Mapping[str, Any], role: Role, startup_seconds: float | None = None) -> RoleBounds:
     auto = spec.get("autoscaling") or {}
     role_spec = spec.get(role) or {}
     limits = auto.get(role) or {}
@@ -560,18 +683,38 @@ def role_bounds(spec: Mapping[str, Any], role: Role) -> RoleBounds:
         min_replicas=int(limits.get("minReplicas", replicas)),
         max_replicas=int(limits.get("maxReplicas", max(replicas, 1))),
         gpus_per_replica=int(role_spec.get("tensorParallelSize", 1)),
+        startup_seconds=startup_seconds,
     )
 
 
-def bounds_of(spec: Mapping[str, Any]) -> Bounds:
-    """The policy bounds from a DisaggregatedDeployment spec (dict as served)."""
+def bounds_from(
+    spec: Mapping[str, Any],
+    serving: SpecServing | None,
+    startups: Mapping[Role, StartupEstimate | None],
+) -> Bounds:
+    """The policy bounds from a DisaggregatedDeployment spec (dict as served), its serving profile and
+    each role's start-up."""
     auto = spec.get("autoscaling") or {}
     max_gpus = auto.get("maxGPUs")
+
+    def startup(role: Role) -> float | None:
+        estimate = startups.get(role)
+        return estimate.seconds if estimate is not None else None
+
     return Bounds(
-        prefill=role_bounds(spec, "prefill"),
-        decode=role_bounds(spec, "decode"),
+        prefill=role_bounds(spec, "prefill", startup("prefill")),
+        decode=role_bounds(spec, "decode", startup("decode")),
         max_gpus=int(max_gpus) if max_gpus is not None else None,
+        profile=serving.profile if serving is not None else None,
     )
+
+
+def bounds_of(spec: Mapping[str, Any], pods: Mapping[str, Sequence[PodInfo]] | None = None) -> Bounds:
+    """The policy bounds from a DisaggregatedDeployment spec (dict as served): replica ranges, GPUs, the
+    serving profile (model, GPU, TP, dtype) and each role's start-up, measured on ``pods`` (role ->
+    the role's pods) when one is Ready, else the spec's estimate."""
+    serving = spec_serving(spec)
+    return bounds_from(spec, serving, role_startups(serving, pods or {}))
 
 
 def read_role(
@@ -686,7 +829,9 @@ def evaluate(
     memo["last_evaluation"] = now
     status = fresh_object(rt.kube, body).get("status") or {}
     role_obs: dict[Role, RoleObservation] = {}
-    bounds = bounds_of(spec)
+    serving = spec_serving(spec)
+    startups = role_startups(serving, pods)
+    bounds = bounds_from(spec, serving, startups)
     for role in ROLES:
         c = counts[role]
         role_obs[role] = RoleObservation(
@@ -722,13 +867,15 @@ def evaluate(
         active = (
             True,
             "PolicyEvaluated",
-            f"RatioPolicy {policy_name} ({policy.algorithm.value}) decides replicas",
+            f"RatioPolicy {policy_name} ({policy.algorithm.value}) decides replicas; "
+            + startup_message(startups),
         )
     else:
         active = (
             False,
             "AdvisoryMode",
-            f"RatioPolicy {policy_name} is advisory: decisions are recorded, not applied",
+            f"RatioPolicy {policy_name} is advisory: decisions are recorded, not applied; "
+            + startup_message(startups),
         )
     updates = [
         ConditionUpdate(CONDITION_METRICS, metrics_ok, metrics_reason, metrics_message, now),

@@ -64,7 +64,19 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     engine = p.add_argument_group("engine")
     engine.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per engine second")
-    engine.add_argument("--startup-delay", type=float, default=0.0, help="model loading time, engine seconds")
+    engine.add_argument(
+        "--startup-delay",
+        type=float,
+        help="model loading time of every new pod, engine seconds (default: following a "
+        "DisaggregatedDeployment, its spec's start-up estimate, cached or downloading, times "
+        "--startup-scale; else 0)",
+    )
+    engine.add_argument(
+        "--startup-scale",
+        type=float,
+        default=1.0,
+        help="factor on the spec's start-up estimate, to compress model loading (default 1)",
+    )
     engine.add_argument("--max-num-seqs", type=int, default=EngineSettings.max_num_seqs)
     engine.add_argument("--max-num-batched-tokens", type=int, default=EngineSettings.max_num_batched_tokens)
     engine.add_argument("--kv-link", default=EngineSettings.kv_link, help="nic or nvlink")
@@ -115,7 +127,7 @@ def _pool_settings(args: argparse.Namespace) -> PoolSettings:
             kv_link=args.kv_link,
         ),
         server=ServerSettings(),
-        startup_delay_s=args.startup_delay,
+        startup_delay_s=args.startup_delay if args.startup_delay is not None else 0.0,
     )
 
 
@@ -180,8 +192,10 @@ async def serve(args: argparse.Namespace) -> int:
 
         new_client: Any = config.new_client_from_config
         api_client = new_client(config_file=str(args.kubeconfig) if args.kubeconfig else None)
-        overrides = Overrides(args.model, args.gpu, args.tp, args.dtype, args.engine)
-        follower = PodFollower(api_client, args.namespace, args.deployment, pool, overrides)
+        overrides = Overrides(args.model, args.gpu, args.tp, args.dtype, args.engine, args.startup_delay)
+        follower = PodFollower(
+            api_client, args.namespace, args.deployment, pool, overrides, startup_scale=args.startup_scale
+        )
         follower.start()
     else:
         await pool.reconcile(fixed_layout(args))

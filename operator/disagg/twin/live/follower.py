@@ -16,7 +16,10 @@ closed. ``stop()`` removes it from every pod.
 Which latency model a pod runs comes from the DisaggregatedDeployment (model name, quantization,
 engine) and the pod itself (GPU type from its nodeSelector, tensor-parallel size from its
 ``nvidia.com/gpu`` limit, kv_load_failure_policy from its ``--kv-transfer-config``), with CLI overrides
-first. The Kubernetes client is synchronous, so its calls run in worker threads.
+first. So does how long a new pod loads its model before it serves: the start-up estimate of
+:func:`disagg.twin.startup.spec_startup_delay_s` for the spec (weights read from ``spec.model.cache``, or
+downloaded by every replica), times ``startup_scale`` (a demo compresses it), unless the CLI gives a
+fixed delay. The Kubernetes client is synchronous, so its calls run in worker threads.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Overrides:
     tp: int | None = None
     dtype: str | None = None
     engine: EngineKind | None = None
+    startup_delay_s: float | None = None  # engine seconds of model loading for every pod
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,27 @@ class Defaults:
     max_model_len: int | None = None  # the DD's spec.model.maxModelLen (None: the engine default)
     tp: Mapping[str, int] | None = None  # role -> TP from the DD spec
     node_selector: Mapping[str, Mapping[str, str]] | None = None  # role -> nodeSelector from the DD spec
+    startup_delay_s: float | None = None  # engine seconds a new pod loads its model (None: the pool's)
 
 
-def defaults_from_deployment(obj: Mapping[str, Any] | None, fallback: Defaults | None = None) -> Defaults:
-    """Model, engine, TP and node selectors from a DisaggregatedDeployment object (dict), if there is one."""
+def spec_startup_delay(spec: Mapping[str, Any], dtype: str, scale: float = 1.0) -> float | None:
+    """Engine seconds a new pod of a DisaggregatedDeployment spec (dict) loads its model: the twin's
+    start-up estimate (cached or downloading) times ``scale``; None without a twin profile of the model."""
+    from disagg.twin.startup import spec_startup_delay_s
+
+    if scale < 0:
+        raise ValueError(f"startup scale must be >= 0, got {scale}")
+    try:
+        return spec_startup_delay_s(spec, dtype) * scale
+    except (ValueError, KeyError):
+        return None
+
+
+def defaults_from_deployment(
+    obj: Mapping[str, Any] | None, fallback: Defaults | None = None, startup_scale: float = 1.0
+) -> Defaults:
+    """Model, engine, TP, node selectors and model-loading time from a DisaggregatedDeployment object
+    (dict), if there is one. The loading time is the spec's start-up estimate times ``startup_scale``."""
     base = fallback or Defaults()
     if obj is None:
         return base
@@ -87,11 +108,13 @@ def defaults_from_deployment(obj: Mapping[str, Any] | None, fallback: Defaults |
     dd = DisaggregatedDeployment.model_validate(dict(obj))
     spec = dd.spec
     engine = spec.engine.type
+    dtype = "fp8" if (spec.model.quantization or "").startswith("fp8") else base.dtype
+    delay = spec_startup_delay(obj.get("spec") or {}, dtype, startup_scale)
     return Defaults(
         model=spec.model.name,
         served_model=spec.model.served,
         gpu=base.gpu,
-        dtype="fp8" if (spec.model.quantization or "").startswith("fp8") else base.dtype,
+        dtype=dtype,
         engine=engine if engine in ENGINE_KINDS else base.engine,
         max_model_len=spec.model.max_model_len,
         tp={"prefill": spec.prefill.tensor_parallel_size, "decode": spec.decode.tensor_parallel_size},
@@ -99,6 +122,7 @@ def defaults_from_deployment(obj: Mapping[str, Any] | None, fallback: Defaults |
             "prefill": spec.prefill.node_selector or {},
             "decode": spec.decode.node_selector or {},
         },
+        startup_delay_s=delay if delay is not None else base.startup_delay_s,
     )
 
 
@@ -233,6 +257,9 @@ def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Override
         side_channel_port=side_port,
         pre_stop_s=pre_stop_seconds(container),
         kv_load_failure_policy=kv_load_failure_policy(container),
+        startup_delay_s=(
+            overrides.startup_delay_s if overrides.startup_delay_s is not None else defaults.startup_delay_s
+        ),
     )
 
 
@@ -248,6 +275,7 @@ class PodFollower:
         overrides: Overrides | None = None,
         fallback: Defaults | None = None,
         watch_timeout_s: int = 10,
+        startup_scale: float = 1.0,
     ) -> None:
         from kubernetes import client
 
@@ -260,6 +288,9 @@ class PodFollower:
         self.overrides = overrides or Overrides()
         self.fallback = fallback or Defaults()
         self.watch_timeout_s = watch_timeout_s
+        if startup_scale < 0:
+            raise ValueError(f"startup_scale must be >= 0, got {startup_scale}")
+        self.startup_scale = startup_scale
         self.pods: dict[str, dict[str, Any]] = {}
         self.annotated: dict[str, str] = {}
         self.finalized: set[str] = set()  # pods carrying ENGINE_FINALIZER (put there by this follower)
@@ -295,7 +326,7 @@ class PodFollower:
             log.warning("cannot read DisaggregatedDeployment %s/%s", self.namespace, self.deployment)
             return self.fallback
         try:
-            return defaults_from_deployment(obj, self.fallback)
+            return defaults_from_deployment(obj, self.fallback, self.startup_scale)
         except ValidationError as err:
             log.error("DisaggregatedDeployment %s/%s is invalid: %s", self.namespace, self.deployment, err)
             return self.fallback

@@ -47,6 +47,7 @@ class PodSpec:
     side_channel_port: int = 0  # NIXL side channel (0: any free port)
     pre_stop_s: float = 0.0  # wall seconds a removed pod keeps serving before it drains
     kv_load_failure_policy: KvLoadFailurePolicy | None = None  # None: the pool's engine settings decide
+    startup_delay_s: float | None = None  # engine seconds of model loading (None: the pool's setting)
 
     @property
     def model_name(self) -> str:
@@ -128,9 +129,15 @@ class PodPool:
             self._models[choice] = self._load(choice)
         return self._models[choice]
 
+    def startup_delay_s(self, spec: PodSpec) -> float:
+        """Wall seconds a new pod loads its model before it serves: its own delay, else the pool's."""
+        engine_s = spec.startup_delay_s if spec.startup_delay_s is not None else self.settings.startup_delay_s
+        return max(0.0, engine_s) * self.settings.engine.time_scale
+
     async def _start(self, pod: TwinPod) -> None:
-        delay = self.settings.startup_delay_s * self.settings.engine.time_scale
+        delay = self.startup_delay_s(pod.spec)
         if delay:
+            log.info("pod %s loads its model for %.1f s", pod.spec.name, delay)
             await asyncio.sleep(delay)
         holder = self._holders.get(pod.spec.host) if pod.spec.host != "127.0.0.1" else None
         if holder is not None and not holder.done():
