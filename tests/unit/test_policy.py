@@ -663,3 +663,51 @@ def test_an_unspent_error_budget_lets_replicas_run_busier_and_breaches_take_it_b
         spend = updated_spend(spend, True, policy)
     assert budget_utilization(policy, spend) == base
     assert updated_spend(0.2, None, policy) == 0.2  # no latencies measured: nothing learned
+
+
+def test_hysteresis_grows_at_the_utilisation_and_shrinks_only_with_the_band() -> None:
+    from disagg.policy.model_based import with_hysteresis
+
+    assert with_hysteresis(3, 4, 5) == 4  # growth: what the utilisation needs
+    assert with_hysteresis(3, 2, 3) == 3  # the banded need is still 3: hold
+    assert with_hysteresis(5, 2, 3) == 3  # shrink only as far as the banded need
+    assert with_hysteresis(3, 3, 9) == 3
+
+
+def test_prefix_cache_hits_cut_the_modelled_prefill_work() -> None:
+    from disagg.policy.model_based import computed_prompts, computed_share
+
+    o = obs(prompt=6000.0)
+    assert computed_share(o) == 1.0  # unmeasured: every token is computed
+    cached = replace(o, prefill=replace(o.prefill, prefix_hit_rate=Measured.of(0.75)))
+    assert computed_share(cached) == pytest.approx(0.25)
+    assert computed_prompts(cached) == (pytest.approx(1500.0), pytest.approx(3000.0))
+    every = replace(o, prefill=replace(o.prefill, prefix_hit_rate=Measured.of(1.0)))
+    assert computed_share(every) == pytest.approx(0.05)  # never free
+
+
+def test_a_saturated_prefill_pool_teaches_the_model_its_real_capacity() -> None:
+    from disagg.policy.model_based import (
+        PrefillService,
+        saturated_prefill_correction,
+    )
+
+    service = PrefillService(mean_s=0.1, second_moment=0.01, latency_tail_s=0.5, mean_latency_s=0.3)
+    busy = obs(p=2, prompt=2000.0)  # the model: 2000 tokens per 0.1 s = 20k tokens/s per replica
+    busy = replace(
+        busy,
+        prefill=replace(busy.prefill, queue_depth=Measured.of(50.0), token_throughput=Measured.of(20000.0)),
+    )
+    assert saturated_prefill_correction(busy, service, 2000.0) == pytest.approx(2.0)  # 10k measured
+    calm = replace(busy, prefill=replace(busy.prefill, queue_depth=Measured.of(1.0)))
+    assert saturated_prefill_correction(calm, service, 2000.0) is None
+
+
+def test_model_based_grows_prefill_on_a_ttft_breach_only_where_requests_queue() -> None:
+    # TTFT p90 over target, but nothing waits at prefill (the tail is long prompts' own prefill time):
+    # more prefill replicas would not shorten it
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(p=4, d=4, ttft=3.0, queue=0.0, prefill_time=2.0, rate=0.5, prompt=20000.0)
+    o = replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(0.0)))
+    d, _ = run(o, policy, bounds=MB_BOUNDS)
+    assert d.prefill <= 4

@@ -32,6 +32,7 @@ from disagg.policy.feedback import (
     steady_arrivals,
 )
 from disagg.policy.model_based import (
+    computed_prompts,
     decode_batch_at_slo,
     forecast_window_s,
     load_models,
@@ -153,9 +154,12 @@ def prefill_work(
         return None, dict(state.correction)
     mb = policy.model_based
     corr = update_corrections(obs, models, state, mb.correction_smoothing, mb.prefill_token_budget)
-    p90 = obs.prompt_tokens_p90.value if obs.prompt_tokens_p90.ok else None
+    computed, computed_p90 = computed_prompts(obs)
     service = prefill_service(
-        models.prefill, prompt_quantiles(prompt.value, p90), mb.prefill_token_budget, corr.get("prefill", 1.0)
+        models.prefill,
+        prompt_quantiles(max(computed or prompt.value, 1.0), computed_p90),
+        mb.prefill_token_budget,
+        corr.get("prefill", 1.0),
     )
     return service.mean_s, corr
 

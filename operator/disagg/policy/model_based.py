@@ -29,6 +29,7 @@ from disagg.api.ratiopolicy import RatioPolicySpec
 from disagg.policy.feedback import (
     Band,
     backlog_only,
+    decode_holds_ttft,
     prefill_side_ttft,
     shrink_ceiling,
     smallest_safe_prefill,
@@ -53,6 +54,7 @@ MAX_UTILIZATION = 0.97
 # the prefill correction learns only while fewer than this many other requests arrive, on average, during
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
+MAX_PREFIX_HIT = 0.95
 
 
 class LatencyModelLike(Protocol):
@@ -132,6 +134,23 @@ class PrefillService:
     second_moment: float  # E[S^2] of that time
     latency_tail_s: float  # p90 of the step a request waits in once started (its own prefill latency)
     mean_latency_s: float  # mean of that step time (what engines report as prefill time)
+
+
+def computed_share(obs: Observation) -> float:
+    """The share of prompt tokens the prefill replicas compute: 1 less the prefix-cache hit rate (hits
+    cost no prefill compute; at most MAX_PREFIX_HIT of a prompt counts as cached). 1 when unmeasured."""
+    hit = _v(obs.prefill.prefix_hit_rate)
+    if hit is None:
+        return 1.0
+    return 1.0 - min(max(hit, 0.0), MAX_PREFIX_HIT)
+
+
+def computed_prompts(obs: Observation) -> tuple[float | None, float | None]:
+    """Mean and 90th percentile of the prompt tokens prefill computes (the prompt less its cached
+    prefix, :func:`computed_share`); the decode side holds the whole prompt's KV and uses the raw ones."""
+    share = computed_share(obs)
+    mean, p90 = _v(obs.prompt_tokens_mean), _v(obs.prompt_tokens_p90)
+    return (mean * share if mean is not None else None), (p90 * share if p90 is not None else None)
 
 
 def prompt_quantiles(mean: float, p90: float | None, points: int = 16) -> list[float]:
@@ -320,11 +339,11 @@ def update_corrections(
     not at a full batch: comparing a lightly loaded engine's short steps with full-batch steps made the
     correction read 0.25 (the clamp) and the pool look four times faster than it is."""
     corr = dict(state.correction)
-    prompt = _v(obs.prompt_tokens_mean)
+    prompt, computed_p90 = computed_prompts(obs)
     observed_prefill = _v(obs.prefill.compute_time)
     rate = _v(obs.request_rate)
     if prompt is not None and observed_prefill is not None and prompt > 0 and rate is not None:
-        lengths = prompt_quantiles(prompt, _v(obs.prompt_tokens_p90))
+        lengths = prompt_quantiles(prompt, computed_p90)
         per_replica = rate / max(obs.prefill.ready, 1)
         token_rate = per_replica * prompt
         # only where the expectation is unambiguous: a request mostly runs alone (fewer than half a
@@ -379,6 +398,35 @@ def rate_forecast(
         forecast_window_s(policy, bounds),
         policy.slo.ttft.percentile,
     )
+
+
+def saturated_prefill_correction(obs: Observation, service: PrefillService, computed: float) -> float | None:
+    """While requests queue at every ready prefill replica (more than two each), the prompt tokens the
+    pool computes per second are its capacity: the model's capacity per replica over the measured one
+    is a correction for the model. None when the pool is not saturated or the throughput is unmeasured."""
+    waiting, throughput = _v(obs.prefill.queue_depth), _v(obs.prefill.token_throughput)
+    ready = obs.prefill.ready
+    if waiting is None or throughput is None or ready <= 0 or throughput <= 0 or waiting <= 2 * ready:
+        return None
+    modelled = computed / service.mean_s  # prompt tokens/s one replica computes at full batches
+    measured = throughput / ready
+    return modelled / measured
+
+
+def prefill_queued(obs: Observation, ttft_target_s: float) -> bool:
+    """Requests wait at the prefill pool now (more than one per ready replica), or their queue time
+    over the window is a real share of the TTFT target: evidence that prefill replicas would help."""
+    waiting, wait_s = _v(obs.prefill.queue_depth), _v(obs.prefill.queue_time)
+    queued = waiting is not None and waiting > max(obs.prefill.ready, 1)
+    return queued or (wait_s is not None and wait_s >= 0.25 * ttft_target_s)
+
+
+def with_hysteresis(current: int, grow_to: int, shrink_to: int) -> int:
+    """``grow_to`` when it is above ``current``; a shrink only as far as ``shrink_to`` (sized with more
+    headroom), never above ``current``."""
+    if grow_to >= current:
+        return grow_to
+    return min(current, max(grow_to, shrink_to))
 
 
 def slo_breached(obs: Observation, policy: RatioPolicySpec) -> bool | None:
@@ -476,13 +524,21 @@ def model_based_proposal(
         models.decode.kv_transfer_time_s(int(prompt)) + models.decode.decode_step_time_s(1, int(prompt)) * c_d
     )
     budget = max(ttft_t - decode_first, 0.2 * ttft_t)
-    service = prefill_service(
-        models.prefill, prompt_quantiles(prompt, _v(obs.prompt_tokens_p90)), mb.prefill_token_budget, c_p
-    )
-    long_prompt = max(_v(obs.prompt_tokens_p90) or prompt, prompt)
+    computed, computed_p90 = computed_prompts(obs)
+    computed = max(computed or prompt, 1.0)
+    lengths = prompt_quantiles(computed, computed_p90)
+    service = prefill_service(models.prefill, lengths, mb.prefill_token_budget, c_p)
+    saturated = saturated_prefill_correction(obs, service, computed)
+    if saturated is not None and saturated > c_p:
+        # the pool is saturated and processes fewer prompt tokens than the model says it can: what it
+        # does is its capacity (the correction is learned where a latency comparison cannot be)
+        c_p = _ema(c_p, saturated, mb.correction_smoothing)
+        corr["prefill"] = c_p
+        service = prefill_service(models.prefill, lengths, mb.prefill_token_budget, c_p)
+    long_prompt = max(computed_p90 or computed, computed)
 
     def latency_at(per_replica_rate: float) -> float:
-        token_rate = per_replica_rate * prompt
+        token_rate = per_replica_rate * computed
         return prefill_latency_at_load(models.prefill, long_prompt, mb.prefill_token_budget, token_rate) * c_p
 
     # a backlog queued before capacity arrived (a cold start, a burst) is work too: drained over the
@@ -490,31 +546,49 @@ def model_based_proposal(
     # arrivals while the old ones work off what they hold)
     queued = _v(obs.prefill.queue_depth) or 0.0
     backlog_rate = queued / startup_horizon_s(policy, bounds) if queued > max(obs.prefill.ready, 1) else 0.0
-    if plan <= 0:
-        n_p = bounds.prefill.min_replicas
-    else:
-        n_p = prefill_replicas_needed(
+
+    def prefill_needed(utilization: float) -> int:
+        if plan <= 0:
+            return bounds.prefill.min_replicas
+        return prefill_replicas_needed(
             service,
             plan + backlog_rate,
             budget,
             policy.slo.ttft.percentile,
-            util,
+            utilization,
             bounds.prefill.max_replicas,
             latency_at,
         )
+
     p90_prompt = _v(obs.prompt_tokens_p90)
     context_p90 = (p90_prompt + out / 2.0) if p90_prompt is not None else None
     batch = decode_batch_at_slo(models.decode, context, itl_t, c_d, context_p90)
-    if plan <= 0:
-        n_d = bounds.decode.min_replicas
-    elif batch == 0:
-        n_d = bounds.decode.max_replicas
-    else:
+
+    def decode_needed(utilization: float) -> int:
+        if plan <= 0:
+            return bounds.decode.min_replicas
+        if batch == 0:
+            return bounds.decode.max_replicas
         step = models.decode.decode_step_time_s(batch, int(batch * context)) * c_d
-        concurrency = plan * out * step
-        n_d = math.ceil(concurrency / (batch * util))
-    ttft, itl = _v(obs.ttft), _v(obs.itl)
+        return math.ceil(plan * out * step / (batch * utilization))
+
     tol = policy.tolerance
+    # hysteresis: a pool grows when the plan needs more replicas at the utilisation, and shrinks only
+    # to what the plan needs at a utilisation lower by the tolerance band, so a plan hovering at a
+    # replica boundary does not move the pool up and down
+    n_p = with_hysteresis(obs.prefill.replicas, prefill_needed(util), prefill_needed(util * (1 - tol)))
+    n_d = with_hysteresis(obs.decode.replicas, decode_needed(util), decode_needed(util * (1 - tol)))
+    # what the decode pool holds now is demand too, measured rather than planned; and a full KV cache
+    # with requests queued behind it hides how much more is coming, so it doubles the pool (once the
+    # replicas asked for earlier are ready). Seen: code traffic's short answers shrank decode to one
+    # replica; long documents then filled its cache and queued 288 requests there
+    running, waiting, kv = _v(obs.decode.running), _v(obs.decode.queue_depth), _v(obs.decode.kv_usage)
+    if batch > 0 and running:
+        n_d = max(n_d, math.ceil(running / (batch * util)))
+    kv_full = kv is not None and kv >= policy.feedback.kv_usage_high and (waiting or 0.0) > 0
+    if kv_full and obs.decode.ready >= obs.decode.replicas:
+        n_d = max(n_d, 2 * obs.decode.replicas)
+    ttft, itl = _v(obs.ttft), _v(obs.itl)
     n_now = obs.prefill.replicas
     if n_p < n_now and not fc.trusted and ttft is not None and prefill_side_ttft(obs) is not None:
         # with bursty arrivals (no trusted trend) the model may not shrink below what the observed
@@ -537,16 +611,22 @@ def model_based_proposal(
             shrink_ceiling(band, steady),
         )
         n_p = max(n_p, safe[0] if safe is not None else n_now)
-    p_breach = ttft is not None and ttft > ttft_t * (1 + tol)
+    ttft_breach = ttft is not None and ttft > ttft_t * (1 + tol)
     d_breach = itl is not None and itl > itl_t * (1 + tol)
-    # the model never overrules a breach it did not foresee: at least one more replica
-    # (once the replicas asked for earlier are ready)
+    # the model never overrules a breach it did not foresee: at least one more replica (once the
+    # replicas asked for earlier are ready), in the pool that shows the breach now. TTFT that waits at
+    # decode (queued there now) grows decode; TTFT with requests queued at prefill grows prefill; a
+    # TTFT tail with neither (long prompts' own prefill time) is not cured by replicas and grows nothing
+    side = prefill_side_ttft(obs)
+    at_decode = ttft_breach and ttft is not None and decode_holds_ttft(obs, ttft, side, ttft_t)
+    p_breach = ttft_breach and not at_decode and prefill_queued(obs, ttft_t)
     if p_breach and not backlog_only(obs, obs.prefill.replicas, mb.target_utilization):
         ready = obs.prefill.ready >= obs.prefill.replicas
         n_p = max(n_p, obs.prefill.replicas + (1 if ready else 0))
-    if d_breach:
+    if d_breach or at_decode:
         ready = obs.decode.ready >= obs.decode.replicas
         n_d = max(n_d, obs.decode.replicas + (1 if ready else 0))
+    d_breach = d_breach or at_decode
     load = (
         f"{plan:.2f} req/s planned (now {rate:.2f}; {fc.describe()}), prompt {prompt:.0f}, "
         f"output {out:.0f} tokens, utilisation {util:.2f}"

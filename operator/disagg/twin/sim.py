@@ -310,6 +310,7 @@ class Window:
     prefill_time: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens the prefill replicas served from their prefix caches
 
     @staticmethod
     def merged(windows: Sequence[Window]) -> Window:
@@ -326,12 +327,13 @@ class Window:
             out.prefill_time.extend(w.prefill_time)
             out.prompt_tokens += w.prompt_tokens
             out.generated_tokens += w.generated_tokens
+            out.prefix_hit_tokens += w.prefix_hit_tokens
         return out
 
 
 # --- replicas and pools --------------------------------------------------------------------------------
 class Replica:
-    __slots__ = ("core", "index", "link_free", "pool", "ready_at", "state", "step", "version")
+    __slots__ = ("core", "hits_seen", "index", "link_free", "pool", "ready_at", "state", "step", "version")
 
     def __init__(self, pool: Pool, index: int, core: EngineCore, ready_at: float) -> None:
         self.pool = pool
@@ -342,6 +344,7 @@ class Replica:
         self.step: Step | None = None
         self.version = 0
         self.link_free = 0.0  # when this replica's NICs finish the KV transfers queued on them
+        self.hits_seen = 0  # prefix-cache hit tokens already counted into a window
 
 
 class Pool:
@@ -610,6 +613,8 @@ class Simulator:
             self.itl_hist.add(ev.mean_gap, ev.decode_tokens)
             w.itl.add(ev.mean_gap, ev.decode_tokens)
         w.prompt_tokens += ev.prefill_tokens
+        w.prefix_hit_tokens += rep.core.prefix_hit_tokens - rep.hits_seen
+        rep.hits_seen = rep.core.prefix_hit_tokens
         role = rep.pool.role
         w.generated_tokens += step.decode_batch * step.steps + (
             len(ev.first_tokens) if role == "colocated" else 0
@@ -706,6 +711,9 @@ class Simulator:
         def m(values: Sequence[float] | Sequence[int], fn: Callable[[np.ndarray], float]) -> Measured:
             return Measured.of(float(fn(np.asarray(values, dtype=float)))) if len(values) else MISSING
 
+        looked_up = w.prefix_hit_tokens + w.prompt_tokens
+        hit_rate = Measured.of(w.prefix_hit_tokens / looked_up) if looked_up > 0 else MISSING
+
         def role_obs(role: str) -> RoleObservation:
             pool = self.pools.get(role) or self.pools["colocated"]
             ready = pool.ready()
@@ -730,6 +738,7 @@ class Simulator:
                 ),
                 compute_time=compute,
                 token_throughput=thr,
+                prefix_hit_rate=hit_rate if role == "prefill" or pool.role == "colocated" else MISSING,
             )
 
         return Observation(
