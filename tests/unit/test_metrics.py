@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from disagg.metrics import build_queries, engine_scrape_config, scrape_relabel_configs
 from disagg.metrics.prometheus import (
+    PrometheusSignals,
     Signals,
     combine_ttft,
     measured_from_result,
     observation_from_signals,
 )
-from disagg.metrics.queries import histogram_quantile, selector
+from disagg.metrics.queries import counter_ratio, histogram_quantile, selector
 from disagg.policy.types import Measured, RoleObservation, SignalState
 
 SEL_P = '{namespace="prod",disagg_deployment="llama",disagg_role="prefill"}'
@@ -117,7 +120,8 @@ def test_results_map_to_states_never_to_zero() -> None:
 
 
 def test_user_ttft_is_both_sides_and_missing_if_either_is() -> None:
-    assert combine_ttft(Measured.of(0.3), Measured.of(0.05)) == Measured(pytest.approx(0.35), SignalState.OK)
+    both = combine_ttft(Measured.of(0.3), Measured.of(0.05))
+    assert both.state is SignalState.OK and both.value == pytest.approx(0.35)
     assert combine_ttft(Measured.of(0.3), Measured.missing(SignalState.NAN)).state is SignalState.NAN
     assert combine_ttft(Measured.missing(), Measured.of(0.05)).state is SignalState.MISSING
 
@@ -201,3 +205,71 @@ def test_user_ttft_prefers_the_router_and_falls_back_to_the_engine_sum() -> None
         values = dict(sides) if router is None else {**sides, "ttft_router": router}
         ttft = observation_from_signals(Signals(values), _pools(), 60, 0.0).ttft
         assert ttft.ok and ttft.value == pytest.approx(0.5)
+
+
+def test_prefix_hit_rate_is_hits_over_queries_on_the_prefill_pool_for_vllm() -> None:
+    q = build_queries("vllm", "prod", "llama", 90, 90, 120)
+    # vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py: counters in tokens, names paired per spelling
+    assert q["prefill.prefix_hit_rate"] == " or ".join(
+        f"(sum(rate({hits}{SEL_P}[120s])) / sum(rate({queries}{SEL_P}[120s])))"
+        for hits, queries in (
+            ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+            ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+            ("vllm_prefix_cache_hits_total", "vllm_prefix_cache_queries_total"),
+            ("vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_queries_total"),
+        )
+    )
+    assert "decode.prefix_hit_rate" not in q.queries
+
+
+def test_prefix_hit_rate_is_the_window_mean_of_the_gauge_for_sglang() -> None:
+    q = build_queries("sglang", "prod", "llama", 90, 90, 60)
+    # sglang 0.5.23 wheel, sglang/srt/observability/metrics_collector.py: a gauge per prefill batch
+    assert q["prefill.prefix_hit_rate"] == (
+        f"(avg(avg_over_time(sglang:cache_hit_rate{SEL_P}[60s]))) or "
+        f"(avg(avg_over_time(sglang_cache_hit_rate{SEL_P}[60s])))"
+    )
+    assert "decode.prefix_hit_rate" not in q.queries
+
+
+def test_counter_ratio_pairs_spellings_and_refuses_unpaired_names() -> None:
+    assert counter_ratio(["a:h"], ["a:q"], "{}", 30) == (
+        "(sum(rate(a:h{}[30s])) / sum(rate(a:q{}[30s]))) or (sum(rate(a_h{}[30s])) / sum(rate(a_q{}[30s])))"
+    )
+    with pytest.raises(ValueError, match="pair"):
+        counter_ratio(["a:h", "b:h"], ["a:q"], "{}", 30)
+
+
+class _FakeProm:
+    """Answers each PromQL with a canned instant-vector result (an empty vector when not listed)."""
+
+    def __init__(self, answers: dict[str, list[dict[str, Any]]]) -> None:
+        self.answers = answers
+
+    def custom_query(self, promql: str) -> list[dict[str, Any]]:
+        return self.answers.get(promql, [])
+
+
+def _hit_rate_observed(value: str | None, sample_age: str = "5") -> RoleObservation:
+    queries = build_queries("vllm", "prod", "llama", 90, 90, 120)
+    answers: dict[str, list[dict[str, Any]]] = {
+        queries["prefill.sample_age"]: [{"metric": {}, "value": [1.0, sample_age]}]
+    }
+    if value is not None:
+        answers[queries["prefill.prefix_hit_rate"]] = [{"metric": {}, "value": [1.0, value]}]
+    client: Any = _FakeProm(answers)
+    signals = PrometheusSignals("http://prometheus.invalid").run(queries, client=client)
+    observation = observation_from_signals(signals, _pools(), 120, 0.0)
+    assert observation.decode.prefix_hit_rate.state is SignalState.MISSING  # queried on the prefill pool only
+    return observation.prefill
+
+
+def test_the_adapter_reads_the_prefix_hit_rate_and_never_makes_a_zero() -> None:
+    assert _hit_rate_observed("0.375").prefix_hit_rate == Measured(0.375, SignalState.OK)
+    assert _hit_rate_observed("0").prefix_hit_rate == Measured(0.0, SignalState.OK)  # looked up, all missed
+    # no series (an engine without the counters, not scraped yet): MISSING, not 0
+    assert _hit_rate_observed(None).prefix_hit_rate == Measured(None, SignalState.MISSING)
+    # series but no lookups in the window: rate(hits) / rate(queries) = 0/0 = NaN
+    assert _hit_rate_observed("NaN").prefix_hit_rate == Measured(None, SignalState.NAN)
+    # the pool stopped reporting: STALE like its other signals
+    assert _hit_rate_observed("0.5", sample_age="900").prefix_hit_rate.state is SignalState.STALE

@@ -91,6 +91,47 @@ def test_kv_capacity_queues_requests_until_blocks_free() -> None:
     assert engine.core.kv_used == 0
 
 
+def _prefix_counters(engine: LiveEngine) -> tuple[float, float]:
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in render(engine.metrics).decode().splitlines()
+        if line.startswith(("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"))
+    }
+    return values["vllm:prefix_cache_queries_total"], values["vllm:prefix_cache_hits_total"]
+
+
+def test_prefix_cache_lookups_count_each_prompt_once_in_tokens() -> None:
+    async def scenario() -> LiveEngine:
+        engine = _engine()
+        engine.start()
+        # the load generator's prompts share no prefix: every lookup misses, as on a real engine
+        await _drain_all(engine, engine.submit(2048, 8), engine.submit(128, 4))
+        await engine.stop()
+        return engine
+
+    engine = asyncio.run(scenario())
+    assert _prefix_counters(engine) == (2048 + 128, 0)
+
+
+def test_prefix_cache_hits_are_the_tokens_the_core_served_from_its_cache() -> None:
+    async def scenario() -> LiveEngine:
+        engine = _engine()
+        engine.core._caching = True  # prefix caching with block hashes, as the offline simulator runs it
+        engine.start()
+        for _ in range(2):  # the second prompt's leading blocks are cached by the first
+            request = engine.submit(2048, 2)
+            request.core.hashes = (11, 12, 13, 14)  # 512-token blocks (EngineSettings.prefix_block_tokens)
+            await _drain_all(engine, request)
+        await engine.stop()
+        return engine
+
+    engine = asyncio.run(scenario())
+    queries, hits = _prefix_counters(engine)
+    # whole blocks within prompt - 1 tokens: 3 of 4 (the last token is always computed, as in vLLM)
+    assert (queries, hits) == (2 * 2048, 3 * 512)
+    assert hits == engine.core.prefix_hit_tokens
+
+
 # What vllm-router 0.1.17 sends a prefill engine (vllm-project/router src/routers/http/vllm_pd_router.rs,
 # build_prefill_kv_transfer_params for NIXL).
 ROUTER_PREFILL_PARAMS = {

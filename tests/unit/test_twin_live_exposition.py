@@ -147,6 +147,49 @@ def test_sglang_names_and_buckets() -> None:
     assert values["sglang:prompt_tokens_total"] == 1000
 
 
+def _values(metrics: VllmMetrics | SglangMetrics) -> dict[str, float]:
+    text = render(metrics).decode()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "le" not in s.labels
+    }
+
+
+def test_vllm_prefix_cache_counters_count_lookups_in_tokens() -> None:
+    # vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py: Counter(name="vllm:prefix_cache_queries") and
+    # "vllm:prefix_cache_hits", exposed with _total, labels model_name and engine
+    metrics = VllmMetrics("m", max_model_len=4096)
+    before = _values(metrics)
+    assert before["vllm:prefix_cache_queries_total"] == 0 and before["vllm:prefix_cache_hits_total"] == 0
+    metrics.record_prefix_cache(queried_tokens=2048, hit_tokens=512, computed_tokens=1536)
+    metrics.record_prefix_cache(queried_tokens=1000, hit_tokens=0, computed_tokens=3000)
+    metrics.record_prefix_cache(queried_tokens=0, hit_tokens=0, computed_tokens=0)  # a decode-only step
+    values = _values(metrics)
+    assert values["vllm:prefix_cache_queries_total"] == 3048
+    assert values["vllm:prefix_cache_hits_total"] == 512
+    families = {f.name: f for f in text_string_to_metric_families(render(metrics).decode())}
+    assert families["vllm:prefix_cache_hits"].type == "counter"
+    assert {tuple(sorted(s.labels)) for s in families["vllm:prefix_cache_queries"].samples} == {
+        ("engine", "model_name")
+    }
+
+
+def test_sglang_cache_hit_rate_is_the_last_prefill_batch_ratio() -> None:
+    # sglang 0.5.23 wheel: Gauge(name="sglang:cache_hit_rate") set per prefill batch to
+    # hit / (hit + computed) tokens (scheduler_components/metrics_reporter.py report_prefill_stats)
+    metrics = SglangMetrics("m")
+    assert _values(metrics)["sglang:cache_hit_rate"] == 0.0
+    metrics.record_prefix_cache(queried_tokens=2048, hit_tokens=512, computed_tokens=1536)
+    assert _values(metrics)["sglang:cache_hit_rate"] == 0.25
+    metrics.record_prefix_cache(queried_tokens=0, hit_tokens=0, computed_tokens=0)  # decode: left as is
+    assert _values(metrics)["sglang:cache_hit_rate"] == 0.25
+    metrics.record_prefix_cache(queried_tokens=0, hit_tokens=0, computed_tokens=100)  # a chunk, no new hits
+    assert _values(metrics)["sglang:cache_hit_rate"] == 0.0
+    assert not any(name.startswith("vllm:") for name in _values(metrics))
+
+
 def test_each_pod_has_its_own_registry() -> None:
     a = make_metrics("vllm", "m", 4096)
     b = make_metrics("vllm", "m", 4096)

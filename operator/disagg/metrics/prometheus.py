@@ -6,6 +6,9 @@ observations) is NAN, a pool whose newest sample is older than the metric window
 is ever turned into a zero. A query that fails (Prometheus down, bad PromQL) counts as MISSING for that
 signal and is reported in :attr:`Signals.errors`.
 
+The prefill pool's prefix-cache hit rate is MISSING without series (an engine that exports none, no
+scrape yet) and NAN when the pool looked nothing up in the window (vLLM's 0/0); a measured 0 stays 0.
+
 User TTFT is the router's own end-to-end TTFT histogram where the router exports one and it has
 observations in the window (:func:`user_ttft`); otherwise prefill-side TTFT + decode-side TTFT at the
 policy percentile (see :mod:`disagg.metrics.queries` for why), MISSING if either side is.
@@ -26,7 +29,17 @@ from urllib3.util.retry import Retry
 from disagg.metrics.queries import TARGET_LABELS, Engine, QuerySet, TargetLabels, build_queries
 from disagg.policy.types import MISSING, Measured, Observation, RoleObservation, SignalState
 
-_ROLE_FIELDS = ("queue_depth", "running", "kv_usage", "queue_time", "compute_time", "token_throughput")
+# RoleObservation fields read from "<role>.<field>" signals; a signal with no query for that role (the
+# decode pool's prefix_hit_rate) is MISSING
+_ROLE_FIELDS = (
+    "queue_depth",
+    "running",
+    "kv_usage",
+    "queue_time",
+    "compute_time",
+    "token_throughput",
+    "prefix_hit_rate",
+)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,14 @@ Metric names (sources):
   ``vllm:request_success_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
   ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (V1; V0
   ``vllm:gpu_cache_usage_perc``). Source: vllm-project/vllm docs/design/metrics.md (v0 and V1 lists).
+  Prefix cache: ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``, counters in
+  tokens (declared as ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``, prometheus_client adds
+  ``_total``; vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py ``PrometheusStatLogger``). A request counts
+  once, when the scheduler admits it: queries += its prompt tokens, hits += the tokens found in the local
+  prefix cache (vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``; lookups of preempted
+  requests are left out, vllm/v1/metrics/stats.py ``PrefixCacheStats.record``). With prefix caching off
+  nothing is counted, so the ratio is 0/0 (NaN). Earlier V1 releases also exported them as
+  ``vllm:gpu_prefix_cache_queries_total`` / ``vllm:gpu_prefix_cache_hits_total``, tried second.
 * SGLang: ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds`` (older
   ``sglang:time_per_output_token_seconds``), ``sglang:queue_time_seconds``,
   ``sglang:prompt_tokens_histogram``, ``sglang:generation_tokens_histogram``,
@@ -33,6 +41,11 @@ Metric names (sources):
   ``sglang:token_usage``. Source: sgl-project/sglang python/sglang/srt/metrics/collector.py and
   docs/references/production_metrics.md. SGLang has no prefill-time histogram; the prefill pool's
   mean compute time is its mean TTFT less its mean queue time.
+  Prefix cache: the gauge ``sglang:cache_hit_rate`` (sglang 0.5.23 wheel,
+  sglang/srt/observability/metrics_collector.py ``SchedulerMetricsCollector``), set on every prefill
+  batch to hit / (hit + computed) prompt tokens of that batch, 0 for a batch of neither
+  (sglang/srt/managers/scheduler_components/metrics_reporter.py ``report_prefill_stats``). Being the
+  last batch's ratio, it is averaged over the window per pod, then over the pool's pods.
 
 Routers (the end-to-end view, preferred when present):
 * sglang-router 0.3.2 defines ``smg_router_ttft_seconds`` (time to first token as the client sees it,
@@ -96,6 +109,11 @@ class EngineMetrics:
     waiting: tuple[str, ...]
     running: tuple[str, ...]
     kv_usage: tuple[str, ...]  # fraction 0..1
+    # prefix cache: counters of prompt tokens looked up and found (vLLM), paired by position with
+    # ``prefix_cache_hits``; or, where the engine exports only a ratio, a gauge 0..1 (SGLang)
+    prefix_cache_queries: tuple[str, ...] = ()
+    prefix_cache_hits: tuple[str, ...] = ()
+    prefix_cache_hit_rate: tuple[str, ...] = ()
 
 
 ENGINE_METRICS: dict[Engine, EngineMetrics] = {
@@ -113,6 +131,9 @@ ENGINE_METRICS: dict[Engine, EngineMetrics] = {
         waiting=("vllm:num_requests_waiting",),
         running=("vllm:num_requests_running",),
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        # vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py (counter_prefix_cache_queries / _hits)
+        prefix_cache_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        prefix_cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     ),
     # source: sgl-project/sglang python/sglang/srt/metrics/collector.py
     Engine.SGLANG: EngineMetrics(
@@ -128,6 +149,8 @@ ENGINE_METRICS: dict[Engine, EngineMetrics] = {
         waiting=("sglang:num_queue_reqs",),
         running=("sglang:num_running_reqs",),
         kv_usage=("sglang:token_usage",),
+        # sglang 0.5.23 wheel, sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector)
+        prefix_cache_hit_rate=("sglang:cache_hit_rate",),
     ),
 }
 
@@ -207,6 +230,20 @@ def counter_rate(names: Sequence[str], sel: str, window_s: int) -> str:
     return _alternatives([f"sum(rate({n}{sel}[{w}]))" for n in spellings(names)])
 
 
+def counter_ratio(numerators: Sequence[str], denominators: Sequence[str], sel: str, window_s: int) -> str:
+    """Rate of one counter over the rate of another, each summed over the pool; the names are paired by
+    position (one engine version's spelling of both). NaN when the denominator did not move."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"counter_ratio: {list(numerators)} and {list(denominators)} do not pair up")
+    w = _window(window_s)
+    return _alternatives(
+        [
+            f"sum(rate({n}{sel}[{w}])) / sum(rate({d}{sel}[{w}]))"
+            for n, d in zip(spellings(numerators), spellings(denominators), strict=True)
+        ]
+    )
+
+
 def gauge_sum(names: Sequence[str], sel: str) -> str:
     return _alternatives([f"sum({n}{sel})" for n in spellings(names)])
 
@@ -218,6 +255,21 @@ def gauge_sum_by(names: Sequence[str], by: str, sel: str) -> str:
 
 def gauge_avg(names: Sequence[str], sel: str) -> str:
     return _alternatives([f"avg({n}{sel})" for n in spellings(names)])
+
+
+def gauge_window_avg(names: Sequence[str], sel: str, window_s: int) -> str:
+    """A gauge averaged over the window per series, then over the pool."""
+    w = _window(window_s)
+    return _alternatives([f"avg(avg_over_time({n}{sel}[{w}]))" for n in spellings(names)])
+
+
+def prefix_hit_rate(m: EngineMetrics, sel: str, window_s: int) -> str | None:
+    """Fraction of prompt tokens served from the prefix cache over the window (None: not exported)."""
+    if m.prefix_cache_queries:
+        return counter_ratio(m.prefix_cache_hits, m.prefix_cache_queries, sel, window_s)
+    if m.prefix_cache_hit_rate:
+        return gauge_window_avg(m.prefix_cache_hit_rate, sel, window_s)
+    return None
 
 
 def sample_age(names: Sequence[str], sel: str) -> str:
@@ -269,6 +321,10 @@ def build_queries(
         "prefill.token_throughput": counter_rate(m.prompt_tokens_total, p, window_s),
         "decode.token_throughput": counter_rate(m.generation_tokens_total, d, window_s),
     }
+    # prefix-cache hits of the prefill pool's lookups: the tokens whose prefill costs no compute
+    hit_rate = prefix_hit_rate(m, p, window_s)
+    if hit_rate is not None:
+        q["prefill.prefix_hit_rate"] = hit_rate
     router = ROUTER_METRICS[Engine(engine)]
     if router.ttft:
         r = selector(namespace, deployment, ROUTER_ROLE, labels)

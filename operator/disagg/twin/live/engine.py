@@ -16,6 +16,13 @@ after its prefill token, keeps its blocks for the decode engine to read, and ans
 handled per ``kv_load_failure_policy`` as vLLM does: ``fail`` (vLLM's default) ends the request with an
 error, ``recompute`` computes the prompt locally. Every request's exchange is kept in ``transfers``. Token
 text is synthetic: deterministic words, not a language model's output.
+
+Prefix-cache lookups are reported as the engines count them (see ``EngineMetrics.record_prefix_cache``):
+each request once, on the step that first schedules it, with its prompt tokens looked up and the tokens
+the core served from its prefix cache (``SimRequest.cached``; re-admissions after a preemption are not
+counted again, as neither engine counts them). The live core runs without prefix caching, i.e. every
+lookup misses, which is what a real engine reports for the load generator's prompts (no two share a
+prefix, see ``disagg.twin.live.load.synthetic_prompt``).
 """
 
 from __future__ import annotations
@@ -627,9 +634,14 @@ class LiveEngine:
                 continue
             involved = [self._live[r.rid] for r in self.core.decoding.values() if r.rid in self._live]
             involved += [self._live[r.rid] for r, _ in step.chunks if r.rid in self._live]
+            queried = hits = 0
             for request in involved:
                 if request.scheduled_at is None:
                     request.scheduled_at = self._engine_time(start)
+                    queried += request.prompt_tokens
+                    hits += request.core.cached
+            computed = sum(n for r, n in step.chunks if r.preemptions == 0)
+            self.metrics.record_prefix_cache(queried, hits, computed)
             deadline = start + step.duration * self.settings.time_scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             events = self.core.complete_step(step)

@@ -8,13 +8,20 @@ Sources (checked with the code search, names/labels/buckets transcribed, no code
   labels ``model_name`` and ``engine``; counters are declared without ``_total`` and prometheus_client
   appends it (``vllm:prompt_tokens`` -> ``vllm:prompt_tokens_total``); ``vllm:request_success`` has the
   extra label ``finished_reason`` (stop|length|abort); token histograms use ``build_1_2_5_buckets(
-  max_model_len)``; TTFT, inter-token and request-latency buckets as listed below.
+  max_model_len)``; TTFT, inter-token and request-latency buckets as listed below. Prefix cache: the
+  counters ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (exposed with ``_total``), in
+  tokens: a request adds its prompt tokens to queries and its locally cached tokens to hits once, when
+  the scheduler admits it (vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py and
+  vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``).
 - SGLang: sgl-project/sglang ``python/sglang/srt/metrics/collector.py`` (``TokenizerMetricsCollector``
   and ``SchedulerMetricsCollector``) and ``docs/references/production_metrics.md``: label
   ``model_name``; ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
   ``sglang:num_used_tokens``, ``sglang:gen_throughput``, ``sglang:prompt_tokens_total``,
   ``sglang:generation_tokens_total``, ``sglang:num_requests_total``, and the TTFT, inter-token and e2e
-  histograms with the default buckets below.
+  histograms with the default buckets below. Prefix cache: the gauge ``sglang:cache_hit_rate``, set on
+  each prefill batch to hit / (hit + computed) prompt tokens of the batch (sglang 0.5.23 wheel,
+  sglang/srt/observability/metrics_collector.py and
+  sglang/srt/managers/scheduler_components/metrics_reporter.py ``report_prefill_stats``).
 """
 
 from __future__ import annotations
@@ -118,6 +125,12 @@ class EngineMetrics(Protocol):
     def record_gauges(self, gauges: EngineGauges) -> None: ...
     def record_step_tokens(self, prompt_tokens: int, generation_tokens: int) -> None: ...
     def record_preemptions(self, count: int) -> None: ...
+    def record_prefix_cache(self, queried_tokens: int, hit_tokens: int, computed_tokens: int) -> None:
+        """One step's prefix-cache accounting: ``queried_tokens``/``hit_tokens`` are the prompt tokens of
+        the requests the step admits for the first time and those found cached, ``computed_tokens`` the
+        prompt tokens the step computes for requests never preempted."""
+        ...
+
     def record_first_token(self, ttft_s: float) -> None: ...
     def record_inter_token(self, itl_s: float) -> None: ...
     def record_finished(self, request: FinishedRequest) -> None: ...
@@ -148,6 +161,12 @@ class VllmMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -221,6 +240,11 @@ class VllmMetrics:
     def record_preemptions(self, count: int) -> None:
         self.preemptions.inc(count)
 
+    def record_prefix_cache(self, queried_tokens: int, hit_tokens: int, computed_tokens: int) -> None:
+        del computed_tokens  # vLLM counts lookups, not the batch's computed tokens
+        self.prefix_cache_queries.inc(queried_tokens)
+        self.prefix_cache_hits.inc(hit_tokens)
+
     def record_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
 
@@ -263,6 +287,7 @@ class SglangMetrics:
         self.token_usage = gauge("sglang:token_usage", "The token usage.")
         self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
         self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
         self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("sglang:generation_tokens", "Number of generation tokens processed.")
         self.requests = counter("sglang:num_requests", "Number of requests processed.")
@@ -295,6 +320,12 @@ class SglangMetrics:
 
     def record_preemptions(self, count: int) -> None:
         del count  # SGLang calls these retractions and exposes them as a histogram; not emulated
+
+    def record_prefix_cache(self, queried_tokens: int, hit_tokens: int, computed_tokens: int) -> None:
+        # per prefill batch, the ratio of that batch; batches without prompt tokens (decode) leave it
+        del queried_tokens
+        if hit_tokens + computed_tokens > 0:
+            self.cache_hit_rate.set(hit_tokens / (hit_tokens + computed_tokens))
 
     def record_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
