@@ -55,6 +55,9 @@ MAX_UTILIZATION = 0.97
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
 MAX_PREFIX_HIT = 0.95
+# the queue correction may say the model's waits are up to 4x too long, or up to 1.5x too short (a
+# pool breaching is handled by the breach rules, not by trusting the model less)
+QUEUE_CORRECTION_RANGE = (0.25, 1.5)
 
 
 class LatencyModelLike(Protocol):
@@ -214,12 +217,16 @@ def erlang_c(servers: int, offered: float) -> float:
     return last / (total + last)
 
 
-def pool_prefill_ttft_share(service: PrefillService, rate: float, replicas: int, percentile: float) -> float:
+def pool_prefill_ttft_share(
+    service: PrefillService, rate: float, replicas: int, percentile: float, wait_scale: float = 1.0
+) -> float:
     """Prefill share of TTFT at ``percentile`` for a pool whose router sends each request to the least
     loaded replica (vLLM/llm-d/Dynamo routers balance by load), i.e. one M/G/n queue rather than n
     separate M/G/1 queues: the Erlang C probability of waiting, an exponential tail at rate
     n*mu - lambda, scaled by (1 + cs^2) / 2 for general service times (the Allen-Cunneen approximation;
-    Allen, "Probability, Statistics and Queueing Theory", 1990). inf when the pool is saturated."""
+    Allen, "Probability, Statistics and Queueing Theory", 1990). inf when the pool is saturated.
+    ``wait_scale``: the online correction of the waiting part (observed over predicted; see
+    :func:`queue_correction`)."""
     if rate <= 0:
         return service.latency_tail_s
     mu = 1.0 / service.mean_s
@@ -231,7 +238,7 @@ def pool_prefill_ttft_share(service: PrefillService, rate: float, replicas: int,
         return service.latency_tail_s
     cs2 = max(service.second_moment / (service.mean_s * service.mean_s) - 1.0, 0.0)
     wait = (1.0 + cs2) / 2.0 * math.log(wait_p / miss) / (replicas * mu - rate)
-    return service.latency_tail_s + wait
+    return service.latency_tail_s + wait * wait_scale
 
 
 def prefill_replicas_needed(
@@ -242,6 +249,7 @@ def prefill_replicas_needed(
     utilization: float,
     most: int,
     latency_at: Callable[[float], float] | None = None,
+    wait_scale: float = 1.0,
 ) -> int:
     """Fewest replicas whose prefill share of TTFT fits the budget (``most`` if none does).
 
@@ -256,7 +264,7 @@ def prefill_replicas_needed(
         if per * service.mean_s > utilization:
             continue
         at_load = service if latency_at is None else replace(service, latency_tail_s=latency_at(per))
-        if pool_prefill_ttft_share(at_load, rate, n, percentile) <= wait_budget:
+        if pool_prefill_ttft_share(at_load, rate, n, percentile, wait_scale) <= wait_budget:
             return n
     return most
 
@@ -400,6 +408,38 @@ def rate_forecast(
     )
 
 
+def queue_correction(
+    obs: Observation,
+    service: PrefillService,
+    latency_at: Callable[[float], float],
+    policy: RatioPolicySpec,
+    state: PolicyState,
+    decode_first_s: float,
+) -> float:
+    """How the waiting the queueing model predicts compares with what users see: observed prefill share
+    of TTFT (TTFT at the percentile less KV transfer and the first decode step) less the step a request
+    runs in, over the modelled wait at the present load and ready replicas; smoothed, within
+    QUEUE_CORRECTION_RANGE, 1 until learned. Learned only where the model expects real waiting (at least
+    a fifth of the step), since a tiny predicted wait makes the ratio noise. The M/G/n approximation
+    treats prefill as first-come single service; batched prefill drains a queue faster than that, and
+    on the training families the model's waits ran two to three times what was observed."""
+    old = state.correction.get("prefill-wait", 1.0)
+    rate, ttft = _v(obs.request_rate), _v(obs.ttft)
+    ready = obs.prefill.ready
+    if rate is None or ttft is None or rate <= 0 or ready <= 0 or ready < obs.prefill.replicas:
+        return old
+    tail = latency_at(rate / ready)
+    at_load = replace(service, latency_tail_s=tail)
+    predicted = pool_prefill_ttft_share(at_load, rate, ready, policy.slo.ttft.percentile) - tail
+    if not math.isfinite(predicted) or predicted < 0.2 * tail or predicted <= 0:
+        return old
+    observed = max(ttft - decode_first_s - tail, 0.0)
+    lo, hi = QUEUE_CORRECTION_RANGE
+    ratio = min(max(observed / predicted, lo), hi)
+    weight = policy.model_based.correction_smoothing
+    return (1.0 - weight) * old + weight * ratio
+
+
 def saturated_prefill_correction(obs: Observation, service: PrefillService, computed: float) -> float | None:
     """While requests queue at every ready prefill replica (more than two each), the prompt tokens the
     pool computes per second are its capacity: the model's capacity per replica over the measured one
@@ -510,9 +550,11 @@ def model_based_proposal(
         )
     fc = rate_forecast(obs, policy, state, now, bounds)
     recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
+    keep = None  # the load a shrink must still carry, when it differs from the plan
     if fc.trusted:
-        # a predictable trend: size for its band at the moment replicas asked for now will serve
-        plan = max(rate, fc.upper)
+        # a predictable trend: grow for its expected value at the moment replicas asked for now will
+        # serve, and keep what its upper band needs (shrinking below it would have to be undone)
+        plan, keep = max(rate, fc.mean), max(rate, fc.upper)
     else:
         # bursty or too little history: the short trend ahead, or the window's peak if higher
         trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
@@ -547,37 +589,46 @@ def model_based_proposal(
     queued = _v(obs.prefill.queue_depth) or 0.0
     backlog_rate = queued / startup_horizon_s(policy, bounds) if queued > max(obs.prefill.ready, 1) else 0.0
 
-    def prefill_needed(utilization: float) -> int:
-        if plan <= 0:
+    wait_scale = queue_correction(obs, service, latency_at, policy, state, decode_first)
+    corr["prefill-wait"] = wait_scale
+
+    def prefill_needed(utilization: float, load: float) -> int:
+        if load <= 0:
             return bounds.prefill.min_replicas
         return prefill_replicas_needed(
             service,
-            plan + backlog_rate,
+            load + backlog_rate,
             budget,
             policy.slo.ttft.percentile,
             utilization,
             bounds.prefill.max_replicas,
             latency_at,
+            wait_scale,
         )
 
     p90_prompt = _v(obs.prompt_tokens_p90)
     context_p90 = (p90_prompt + out / 2.0) if p90_prompt is not None else None
     batch = decode_batch_at_slo(models.decode, context, itl_t, c_d, context_p90)
 
-    def decode_needed(utilization: float) -> int:
-        if plan <= 0:
+    def decode_needed(utilization: float, load: float) -> int:
+        if load <= 0:
             return bounds.decode.min_replicas
         if batch == 0:
             return bounds.decode.max_replicas
         step = models.decode.decode_step_time_s(batch, int(batch * context)) * c_d
-        return math.ceil(plan * out * step / (batch * utilization))
+        return math.ceil(load * out * step / (batch * utilization))
 
     tol = policy.tolerance
     # hysteresis: a pool grows when the plan needs more replicas at the utilisation, and shrinks only
     # to what the plan needs at a utilisation lower by the tolerance band, so a plan hovering at a
     # replica boundary does not move the pool up and down
-    n_p = with_hysteresis(obs.prefill.replicas, prefill_needed(util), prefill_needed(util * (1 - tol)))
-    n_d = with_hysteresis(obs.decode.replicas, decode_needed(util), decode_needed(util * (1 - tol)))
+    held = plan if keep is None else keep
+    n_p = with_hysteresis(
+        obs.prefill.replicas, prefill_needed(util, plan), prefill_needed(util * (1 - tol), held)
+    )
+    n_d = with_hysteresis(
+        obs.decode.replicas, decode_needed(util, plan), decode_needed(util * (1 - tol), held)
+    )
     # what the decode pool holds now is demand too, measured rather than planned; and a full KV cache
     # with requests queued behind it hides how much more is coming, so it doubles the pool (once the
     # replicas asked for earlier are ready). Seen: code traffic's short answers shrank decode to one
