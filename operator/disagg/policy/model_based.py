@@ -32,6 +32,7 @@ from disagg.policy.feedback import (
     decode_holds_ttft,
     prefill_side_ttft,
     shrink_ceiling,
+    smallest_safe_decode,
     smallest_safe_prefill,
     steady_arrivals,
 )
@@ -288,10 +289,12 @@ def decode_batch_at_slo(
         return b * context + math.sqrt(b) * spread
 
     def ok(b: int) -> bool:
-        tokens = int(b * context)
+        # the step time grows with the context the batch holds: judged at the same 90th percentile as
+        # the KV, since the ITL target is a percentile too (a batch of long contexts steps slower)
+        tokens = kv_tokens(b)
         return (
-            kv_tokens(b) <= lm.kv_capacity_tokens
-            and lm.decode_step_time_s(b, tokens) * correction <= itl_target
+            tokens <= lm.kv_capacity_tokens
+            and lm.decode_step_time_s(b, int(tokens)) * correction <= itl_target
         )
 
     if not ok(1):
@@ -639,6 +642,27 @@ def model_based_proposal(
     kv_full = kv is not None and kv >= policy.feedback.kv_usage_high and (waiting or 0.0) > 0
     if kv_full and obs.decode.ready >= obs.decode.replicas:
         n_d = max(n_d, 2 * obs.decode.replicas)
+    if n_d < obs.decode.replicas:
+        # the model may shrink decode only as far as the observed ITL and KV prove safe: the ITL now,
+        # grown by the latency model's step shape at the batch the survivors would carry, and the KV
+        # at the peak load of the scale-down window (seen: a steady pool flipping 2 -> 1 -> 2 because
+        # ITL p90 on one replica breached what the mean-context model expected)
+        def step_at(b: float) -> float:
+            size = max(1, round(b))
+            return models.decode.decode_step_time_s(size, int(size * context))
+
+        peak = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
+        safe = smallest_safe_decode(
+            obs,
+            obs.decode.replicas,
+            Band(itl_t, tol),
+            util,
+            bounds.decode,
+            step_at,
+            peak / rate if rate > 0 else 1.0,
+            batch or None,
+        )
+        n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
     ttft, itl = _v(obs.ttft), _v(obs.itl)
     n_now = obs.prefill.replicas
     if n_p < n_now and not fc.trusted and ttft is not None and prefill_side_ttft(obs) is not None:
