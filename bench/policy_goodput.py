@@ -262,7 +262,7 @@ def controllers(case: TraceCase, setup: Setup) -> dict[str, Callable[[], Control
     """The single registry of contenders: name -> a factory of a fresh controller for one run."""
     bounds = setup.bounds()
     return {
-        "slo-feedback": lambda: RatioController(ratio_policy(case), bounds),
+        "slo-feedback": lambda: RatioController(ratio_policy(case, algorithm="slo-feedback"), bounds),
         "model-based": lambda: RatioController(ratio_policy(case, algorithm="model-based"), bounds),
         "fixed-ratio 1:1": lambda: RatioController(
             ratio_policy(case, algorithm="fixed-ratio", fixedRatio={"prefill": 1, "decode": 1}), bounds
