@@ -36,7 +36,12 @@ from disagg.policy.types import MISSING, Recommendation
 
 
 def spec(**kw: Any) -> RatioPolicySpec:
-    base: dict[str, Any] = {"slo": {"ttft": {"targetSeconds": 1.0}, "itl": {"targetSeconds": 0.05}}}
+    """A RatioPolicy for these tests: slo-feedback unless ``algorithm`` says otherwise (most tests here
+    are of slo-feedback's rules; model-based is the API's default)."""
+    base: dict[str, Any] = {
+        "slo": {"ttft": {"targetSeconds": 1.0}, "itl": {"targetSeconds": 0.05}},
+        "algorithm": "slo-feedback",
+    }
     base.update(kw)
     return RatioPolicySpec.model_validate(base)
 
@@ -425,6 +430,11 @@ def test_model_based_shrink_needs_the_observed_latencies_to_agree() -> None:
 
 def test_default_scale_down_window_is_the_hpa_default() -> None:
     assert RatioPolicySpec().scale_down.stabilization_window_seconds == 300
+
+
+def test_the_default_algorithm_is_model_based() -> None:
+    # the one with the best worst case on the held-out families (docs/policy-bench.md)
+    assert RatioPolicySpec().algorithm.value == "model-based"
 
 
 def test_short_prompts_are_not_counted_as_nearly_free_when_batched() -> None:

@@ -12,7 +12,7 @@ from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicy, RatioPolicySpec
 
 def test_defaults_are_a_usable_policy() -> None:
     s = RatioPolicySpec()
-    assert s.algorithm is Algorithm.SLO_FEEDBACK and s.mode is Mode.ACTIVE
+    assert s.algorithm is Algorithm.MODEL_BASED and s.mode is Mode.ACTIVE
     assert s.slo.ttft.percentile == 90.0 and s.slo.ttft.target_seconds == 1.0
     assert s.scale_down.stabilization_window_seconds >= s.scale_up.stabilization_window_seconds
     assert 0.0 <= s.tolerance < 1.0

@@ -242,9 +242,11 @@ class RatioPolicySpec(ApiModel):
 
     slo: SLO = Field(default_factory=SLO, description="Latency objectives the policy keeps.")
     algorithm: Algorithm = Field(
-        default=Algorithm.SLO_FEEDBACK,
-        description="slo-feedback: scale the bottleneck the latencies point at; model-based: replicas from "
-        "a capacity model corrected online; fixed-ratio: total capacity at a fixed prefill:decode ratio.",
+        default=Algorithm.MODEL_BASED,
+        description="model-based (default): replicas from the deployment's latency model corrected online, "
+        "planned over the start-up horizon, falling back to slo-feedback when the model or GPU has no "
+        "profile; slo-feedback: scale the bottleneck the latencies point at; fixed-ratio: total capacity "
+        "at a fixed prefill:decode ratio.",
     )
     fixed_ratio: FixedRatio | None = Field(
         default=None, description="The prefill:decode ratio for algorithm fixed-ratio."
