@@ -83,14 +83,13 @@ nodeInfo:
 phase: Running
 """
 
-_POD_RUNNING = """\
-{{ $now := Now }}
-phase: Running
-startTime: {{ $now | Quote }}
+# The pod's readiness: its conditions and container statuses, Ready (and ContainersReady) __READY__;
+# __SINCE__ is when the pod started (Initialized, the containers' startedAt).
+_READINESS = """\
 conditions:
 - type: Initialized
   status: "True"
-  lastTransitionTime: {{ $now | Quote }}
+  lastTransitionTime: {{ __SINCE__ | Quote }}
 - type: ContainersReady
   status: "__READY__"
   lastTransitionTime: {{ $now | Quote }}
@@ -111,8 +110,21 @@ containerStatuses:
   restartCount: 0
   state:
     running:
-      startedAt: {{ $now | Quote }}
+      startedAt: {{ __SINCE__ | Quote }}
 {{ end }}
+"""
+
+
+def _readiness(ready: bool, since: str) -> str:
+    value = "True" if ready else "False"
+    return (
+        _READINESS.replace("__READY__", value)
+        .replace("__CONTAINER_READY__", value.lower())
+        .replace("__SINCE__", since)
+    )
+
+
+_POD_RUNNING_TAIL = """\
 initContainerStatuses:
 {{ range .spec.initContainers }}
 - name: {{ .name | Quote }}
@@ -143,42 +155,15 @@ podIPs:
 
 def _pod_running(ready: bool) -> str:
     """Running, with Ready (and ContainersReady) True at once, or False until a later stage sets them."""
-    value = "True" if ready else "False"
-    return _POD_RUNNING.replace("__READY__", value).replace("__CONTAINER_READY__", value.lower())
+    head = "{{ $now := Now }}\nphase: Running\nstartTime: {{ $now | Quote }}\n"
+    return head + _readiness(ready, "$now") + _POD_RUNNING_TAIL
 
 
 # The held pod turns Ready: the conditions and container statuses again (a status patch from a template
 # merges lists of conditions by type, but all of them are written so no merge semantics matter).
-_POD_SERVED = """\
-{{ $now := Now }}
-{{ $started := or .status.startTime $now }}
-conditions:
-- type: Initialized
-  status: "True"
-  lastTransitionTime: {{ $started | Quote }}
-- type: ContainersReady
-  status: "True"
-  lastTransitionTime: {{ $now | Quote }}
-- type: Ready
-  status: "True"
-  lastTransitionTime: {{ $now | Quote }}
-{{ range .spec.readinessGates }}
-- type: {{ .conditionType | Quote }}
-  status: "True"
-  lastTransitionTime: {{ $now | Quote }}
-{{ end }}
-containerStatuses:
-{{ range .spec.containers }}
-- name: {{ .name | Quote }}
-  image: {{ .image | Quote }}
-  ready: true
-  started: true
-  restartCount: 0
-  state:
-    running:
-      startedAt: {{ $started | Quote }}
-{{ end }}
-"""
+_POD_SERVED = "{{ $now := Now }}\n{{ $started := or .status.startTime $now }}\n" + _readiness(
+    True, "$started"
+)
 
 
 def node_stages(settings: StageSettings) -> list[dict[str, Any]]:

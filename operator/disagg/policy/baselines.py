@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from disagg.policy.model_based import LatencyModelLike, RoleModels, decode_batch_at_slo
 from disagg.policy.types import ROLES, Observation, Role, RoleObservation
@@ -78,6 +78,40 @@ def _apply_gpu_budget(
     num_p = max(min_endpoint, math.floor(num_p * scale))
     num_d = max(min_endpoint, math.floor((budget - num_p * gp) / gd))
     return num_p, num_d
+
+
+class _EngineLimits(Protocol):
+    @property
+    def min_endpoint(self) -> int: ...
+    @property
+    def max_gpu_budget(self) -> int | None: ...
+    @property
+    def prefill_gpus_per_engine(self) -> int: ...
+    @property
+    def decode_gpus_per_engine(self) -> int: ...
+
+
+def _load_targets(
+    obs: Observation,
+    want_p: int | None,
+    want_d: int | None,
+    settings: _EngineLimits,
+    floor: tuple[int, int] = (0, 0),
+) -> Targets | None:
+    """The load-based modes' common end: a pool with no wish keeps its ready engines; at least the
+    floor and min_endpoint each; the GPU budget; only the pools that change."""
+    num_p = want_p if want_p is not None else obs.prefill.ready
+    num_d = want_d if want_d is not None else obs.decode.ready
+    num_p, num_d = max(num_p, floor[0], settings.min_endpoint), max(num_d, floor[1], settings.min_endpoint)
+    num_p, num_d = _apply_gpu_budget(
+        num_p,
+        num_d,
+        settings.max_gpu_budget,
+        settings.prefill_gpus_per_engine,
+        settings.decode_gpus_per_engine,
+        settings.min_endpoint,
+    )
+    return _changed(obs, num_p, num_d)
 
 
 def _changed(obs: Observation, num_p: int, num_d: int) -> Targets | None:
@@ -357,18 +391,7 @@ def dynamo_load_step(
     capacity = _kv_capacity(settings.kv_capacity_tokens, models)
     want_p = _easy_prefill(obs, settings)
     want_d = _easy_decode(obs, settings, capacity)
-    num_p = want_p if want_p is not None else obs.prefill.ready
-    num_d = want_d if want_d is not None else obs.decode.ready
-    num_p, num_d = max(num_p, settings.min_endpoint), max(num_d, settings.min_endpoint)
-    num_p, num_d = _apply_gpu_budget(
-        num_p,
-        num_d,
-        settings.max_gpu_budget,
-        settings.prefill_gpus_per_engine,
-        settings.decode_gpus_per_engine,
-        settings.min_endpoint,
-    )
-    return _changed(obs, num_p, num_d), fresh
+    return _load_targets(obs, want_p, want_d, settings), fresh
 
 
 # --- Dynamo planner, SLA load-based scaling (optimization_target: sla, enable_load_scaling) -------------
@@ -513,18 +536,7 @@ def dynamo_sla_load_step(
     capacity = _kv_capacity(settings.kv_capacity_tokens, models) or models.decode.kv_capacity_tokens
     want_p = _sla_prefill(obs, settings, models.prefill)
     want_d = _sla_decode(obs, settings, models.decode, capacity)
-    num_p = want_p if want_p is not None else obs.prefill.ready
-    num_d = want_d if want_d is not None else obs.decode.ready
-    num_p, num_d = max(num_p, floor[0], settings.min_endpoint), max(num_d, floor[1], settings.min_endpoint)
-    num_p, num_d = _apply_gpu_budget(
-        num_p,
-        num_d,
-        settings.max_gpu_budget,
-        settings.prefill_gpus_per_engine,
-        settings.decode_gpus_per_engine,
-        settings.min_endpoint,
-    )
-    return _changed(obs, num_p, num_d), st
+    return _load_targets(obs, want_p, want_d, settings, floor), st
 
 
 # --- AIBrix APA, per role -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from disagg.policy.feedback import (
     steady_arrivals,
 )
 from disagg.policy.model_based import (
+    LatencyModelLike,
     computed_prompts,
     decode_batch_at_slo,
     forecast_window_s,
@@ -164,19 +165,35 @@ def prefill_work(
     return service.mean_s, corr
 
 
+def _decode_model(
+    obs: Observation, policy: RatioPolicySpec, bounds: Bounds
+) -> tuple[LatencyModelLike, float] | None:
+    """The decode latency model of the deployment's profile and the observed mean prompt length; None
+    when the profile or the lengths are unknown."""
+    profile = resolve_profile(policy, bounds)
+    prompt = obs.prompt_tokens_mean
+    if profile is None or not prompt.ok or prompt.value is None:
+        return None
+    try:
+        return load_models(profile).decode, prompt.value
+    except (ValueError, KeyError):
+        return None
+
+
+def _half_output(obs: Observation) -> float:
+    out = obs.output_tokens_mean
+    return out.value / 2.0 if out.ok and out.value is not None else 0.0
+
+
 def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> StepTime | None:
     """The decode step time against batch size at the observed context length, from the twin's latency
     model of the deployment's profile: how ITL grows with the batch when a decode pool shrinks. None
     (the linear upper bound applies) when the profile or the lengths are unknown."""
-    profile = resolve_profile(policy, bounds)
-    prompt, out = obs.prompt_tokens_mean, obs.output_tokens_mean
-    if profile is None or not prompt.ok or prompt.value is None:
+    known = _decode_model(obs, policy, bounds)
+    if known is None:
         return None
-    try:
-        decode = load_models(profile).decode
-    except (ValueError, KeyError):
-        return None
-    context = prompt.value + (out.value / 2.0 if out.ok and out.value is not None else 0.0)
+    decode, prompt = known
+    context = prompt + _half_output(obs)
 
     def step(batch: float) -> float:
         b = max(1, round(batch))
@@ -189,17 +206,13 @@ def decode_kv_batch(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -
     """The most sequences one decode replica's KV cache holds at the observed context lengths (their
     90th percentile; :func:`disagg.policy.model_based.decode_batch_at_slo` with no ITL limit); None when
     the profile or the lengths are unknown."""
-    profile = resolve_profile(policy, bounds)
-    prompt, out, p90 = obs.prompt_tokens_mean, obs.output_tokens_mean, obs.prompt_tokens_p90
-    if profile is None or not prompt.ok or prompt.value is None:
+    known = _decode_model(obs, policy, bounds)
+    if known is None:
         return None
-    try:
-        decode = load_models(profile).decode
-    except (ValueError, KeyError):
-        return None
-    half_out = out.value / 2.0 if out.ok and out.value is not None else 0.0
+    decode, prompt = known
+    half_out, p90 = _half_output(obs), obs.prompt_tokens_p90
     context_p90 = p90.value + half_out if p90.ok and p90.value is not None else None
-    return decode_batch_at_slo(decode, prompt.value + half_out, math.inf, 1.0, context_p90) or None
+    return decode_batch_at_slo(decode, prompt + half_out, math.inf, 1.0, context_p90) or None
 
 
 def history_window(policy: RatioPolicySpec, bounds: Bounds | None = None) -> float:
