@@ -721,3 +721,29 @@ def test_model_based_grows_prefill_on_a_ttft_breach_only_where_requests_queue() 
     o = replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(0.0)))
     d, _ = run(o, policy, bounds=MB_BOUNDS)
     assert d.prefill <= 4
+
+
+def test_the_queue_correction_learns_only_where_the_model_expects_real_waiting() -> None:
+    from disagg.policy.model_based import queue_correction
+
+    policy = spec(algorithm="model-based")
+    service = PrefillService(mean_s=0.2, second_moment=0.06, latency_tail_s=0.4, mean_latency_s=0.3)
+    # 4 replicas at 16 req/s: 80% busy, the model expects real waiting; users saw almost none
+    busy = obs(p=4, rate=16.0, ttft=0.6, prompt=2000.0)
+    learned = queue_correction(busy, service, lambda _: 0.4, policy, PolicyState(), 0.05)
+    assert learned < 1.0
+    # 1 req/s on 4 replicas: the model expects no waiting, so nothing is learned
+    idle = obs(p=4, rate=1.0, ttft=0.45, prompt=2000.0)
+    assert queue_correction(idle, service, lambda _: 0.4, policy, PolicyState(), 0.05) == 1.0
+
+
+def test_model_based_decode_shrink_must_be_proven_by_the_observed_itl() -> None:
+    # the model says one decode replica holds 40 running sequences, but ITL p90 is already at 44 ms of
+    # a 50 ms target on two: halving the replicas would breach it, so decode holds
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(p=2, d=2, rate=2.0, itl=0.044, running=40.0, kv=0.2, prompt=1000.0, output=200.0)
+    d, _ = run(o, policy, bounds=MB_BOUNDS)
+    assert d.decode == 2
+    calm = replace(o, itl=Measured.of(0.012))
+    d, _ = run(calm, policy, bounds=MB_BOUNDS)
+    assert d.decode == 1
