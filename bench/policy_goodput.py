@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from disagg.api.ratiopolicy import RatioPolicySpec
 from disagg.policy import Bounds, PolicyState, RoleBounds, ServingProfile, decide
@@ -204,45 +205,27 @@ class RatioController:
         return {"prefill": decision.prefill, "decode": decision.decode} if decision.changed else None
 
 
-class DynamoController:
-    def __init__(self, settings: DynamoSettings, setup: Setup) -> None:
-        self.settings = settings
-        self.models = load_models(ServingProfile(setup.model, setup.gpu, setup.tp, setup.tp, setup.dtype))
-        self.state = DynamoState()
+class BaselineController:
+    """A baseline's pure step function ``(obs, state, now, settings[, models]) -> (targets, state)`` as the
+    twin's controller; ``models``: the deployment's latency models, for the baselines that read a profile
+    (Dynamo's planners read their pre-deployment profile; here the twin's own model, a perfect one)."""
+
+    def __init__(
+        self,
+        step: Callable[..., tuple[Mapping[str, int] | None, Any]],
+        settings: Any,
+        state: Any,
+        setup: Setup | None,
+    ) -> None:
+        self.step, self.settings, self.state = step, settings, state
+        self.extra = (
+            ()
+            if setup is None
+            else (load_models(ServingProfile(setup.model, setup.gpu, setup.tp, setup.tp, setup.dtype)),)
+        )
 
     def __call__(self, obs: Observation) -> Mapping[str, int] | None:
-        targets, self.state = dynamo_throughput_step(obs, self.state, obs.time, self.settings, self.models)
-        return targets
-
-
-class DynamoLoadController:
-    def __init__(self, settings: DynamoLoadSettings, setup: Setup) -> None:
-        self.settings = settings
-        self.models = load_models(ServingProfile(setup.model, setup.gpu, setup.tp, setup.tp, setup.dtype))
-        self.state = DynamoLoadState()
-
-    def __call__(self, obs: Observation) -> Mapping[str, int] | None:
-        targets, self.state = dynamo_load_step(obs, self.state, obs.time, self.settings, self.models)
-        return targets
-
-
-class DynamoSlaLoadController:
-    def __init__(self, settings: DynamoSlaLoadSettings, setup: Setup) -> None:
-        self.settings = settings
-        self.models = load_models(ServingProfile(setup.model, setup.gpu, setup.tp, setup.tp, setup.dtype))
-        self.state = DynamoSlaLoadState()
-
-    def __call__(self, obs: Observation) -> Mapping[str, int] | None:
-        targets, self.state = dynamo_sla_load_step(obs, self.state, obs.time, self.settings, self.models)
-        return targets
-
-
-class ApaController:
-    def __init__(self, settings: ApaSettings) -> None:
-        self.settings, self.state = settings, ApaState()
-
-    def __call__(self, obs: Observation) -> Mapping[str, int] | None:
-        targets, self.state = apa_step(obs, self.state, obs.time, self.settings)
+        targets, self.state = self.step(obs, self.state, obs.time, self.settings, *self.extra)
         return targets
 
 
@@ -261,34 +244,38 @@ def ratio_policy(case: TraceCase, **kw: object) -> RatioPolicySpec:
 def controllers(case: TraceCase, setup: Setup) -> dict[str, Callable[[], Controller]]:
     """The single registry of contenders: name -> a factory of a fresh controller for one run."""
     bounds = setup.bounds()
+    gpus = setup.tp
     return {
         "slo-feedback": lambda: RatioController(ratio_policy(case, algorithm="slo-feedback"), bounds),
         "model-based": lambda: RatioController(ratio_policy(case, algorithm="model-based"), bounds),
         "fixed-ratio 1:1": lambda: RatioController(
             ratio_policy(case, algorithm="fixed-ratio", fixedRatio={"prefill": 1, "decode": 1}), bounds
         ),
-        "dynamo-throughput": lambda: DynamoController(
+        "dynamo-throughput": lambda: BaselineController(
+            dynamo_throughput_step,
             DynamoSettings(
-                case.ttft_slo_s,
-                case.itl_slo_s,
-                prefill_gpus_per_engine=setup.tp,
-                decode_gpus_per_engine=setup.tp,
+                case.ttft_slo_s, case.itl_slo_s, prefill_gpus_per_engine=gpus, decode_gpus_per_engine=gpus
             ),
+            DynamoState(),
             setup,
         ),
-        "dynamo-load": lambda: DynamoLoadController(
-            DynamoLoadSettings(prefill_gpus_per_engine=setup.tp, decode_gpus_per_engine=setup.tp), setup
+        "dynamo-load": lambda: BaselineController(
+            dynamo_load_step,
+            DynamoLoadSettings(prefill_gpus_per_engine=gpus, decode_gpus_per_engine=gpus),
+            DynamoLoadState(),
+            setup,
         ),
-        "dynamo-sla-load": lambda: DynamoSlaLoadController(
+        "dynamo-sla-load": lambda: BaselineController(
+            dynamo_sla_load_step,
             DynamoSlaLoadSettings(
-                case.ttft_slo_s,
-                case.itl_slo_s,
-                prefill_gpus_per_engine=setup.tp,
-                decode_gpus_per_engine=setup.tp,
+                case.ttft_slo_s, case.itl_slo_s, prefill_gpus_per_engine=gpus, decode_gpus_per_engine=gpus
             ),
+            DynamoSlaLoadState(),
             setup,
         ),
-        "aibrix-apa": lambda: ApaController(ApaSettings(max_replicas=setup.max_replicas)),
+        "aibrix-apa": lambda: BaselineController(
+            apa_step, ApaSettings(max_replicas=setup.max_replicas), ApaState(), None
+        ),
     }
 
 
