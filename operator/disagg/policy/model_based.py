@@ -1,20 +1,28 @@
-"""The ``model-based`` algorithm: replicas from a capacity model per role, corrected online. Pure.
+"""The ``model-based`` algorithm (the default): replicas from a capacity model per role, corrected online,
+planned over the start-up horizon. Pure.
 
 The capacity model is the twin's latency model (:func:`disagg.twin.latency.load_latency_model`): the
 time of a prefill step for the observed prompt lengths and of a decode step for a batch and context.
-No separate profiling run: the model's expectations are corrected online by the ratio of what the
-engines measure to what the model expects (an exponential moving average per role, like the
-correction factors of Dynamo's SLA planner), so a slower engine, prefix-cache hits or interference show
-up as a correction factor rather than a mis-sized pool.
+No separate profiling run; the model is corrected online where the comparison means something:
 
-Prefill: a replica prefills batches of up to ``prefillTokenBudget`` tokens; at the observed mean prompt
-length it serves ``mu`` requests/s. Treating the pool as M/M/1 queues, the p-th percentile of the
-prefill sojourn is ``ln(1/(1-p)) / (mu - lambda)``, so the highest arrival rate per replica that keeps
-the prefill share of TTFT under its budget (the TTFT target less KV transfer and the first decode
-step) is ``mu - ln(1/(1-p)) / budget``. Decode: the largest batch whose step time meets the ITL target
-and whose KV fits; Little's law gives the concurrency (arrival rate x output tokens x step time), and
-the replicas are concurrency / batch. Both use the load planned for ``lookaheadSeconds`` ahead (linear
-trend of the recent request rate, never below now).
+* prefill time, against the step a request shares *at the observed load* (:func:`prefill_latency_at_load`),
+  learned only while requests run nearly alone; and, while the pool is saturated, its measured prompt-token
+  throughput (:func:`saturated_prefill_correction`);
+* the queueing model's wait, against the observed TTFT (:func:`queue_correction`);
+* decode step time, against the observed ITL.
+
+Prefill: a request costs its share of a batched step at the prompt tokens prefill computes (prefix-cache
+hits removed, :func:`computed_prompts`); the pool is one M/G/n queue behind a load-balancing router
+(:func:`pool_prefill_ttft_share`), sized so the prefill share of TTFT fits the TTFT target less KV transfer
+and the first decode step, at a utilisation cap. Decode: the largest batch whose step time meets the ITL
+target and whose KV fits, both at the 90th percentile of the batch's context; Little's law gives the
+concurrency (arrival rate x output tokens x step time); never fewer replicas than the running sequences
+need. The load is the forecast at the moment replicas asked for now will serve (:mod:`disagg.policy.forecast`:
+grow for its expected value, keep what its band needs), or the window's peak when the trend is not
+trusted; a queued backlog is drained over that horizon. Shrinks stop at a hysteresis band and, for decode,
+where the observed ITL and the KV at the scale-down window's peak prove them safe. Breaches grow the pool
+that shows a queue now. An error budget (:func:`budget_utilization`) lets replicas run busier while recent
+evaluations breached far less often than the SLO percentile allows.
 """
 
 from __future__ import annotations
