@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
+from typing import Any, cast
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from disagg.api.deployment import AutoscalingStatus
 from disagg.controller.autoscaling import (
     CONDITION_ACTIVE,
     CONDITION_LIMITED,
     CONDITION_METRICS,
+    AutoscalingMetrics,
     AutoscalingSettings,
     PodInfo,
     RoleCounts,
+    Runtime,
     StartupEstimate,
     apply_ceiling,
     autoscaling_enabled,
@@ -19,6 +26,7 @@ from disagg.controller.autoscaling import (
     bounds_of,
     change_events,
     deletion_costs,
+    evaluate,
     is_due,
     limited_condition,
     loads_from_result,
@@ -27,6 +35,7 @@ from disagg.controller.autoscaling import (
     parse_rfc3339,
     pod_info,
     pod_startup_s,
+    policy_state,
     rfc3339,
     role_counts,
     role_startups,
@@ -36,6 +45,8 @@ from disagg.controller.autoscaling import (
     startup_message,
     update_limits,
 )
+from disagg.k8s.client import Kind, KubeApi
+from disagg.policy.memory import to_memory
 from disagg.policy.types import (
     Decision,
     Measured,
@@ -437,3 +448,108 @@ def test_the_startup_the_policy_plans_with_is_said_where_it_comes_from() -> None
         "replica start-up: prefill unknown (no pod Ready yet, no estimate for the model), "
         "decode unknown (no pod Ready yet, no estimate for the model)"
     )
+
+
+def test_a_fresh_memo_restores_the_policy_state_from_status() -> None:
+    remembered = PolicyState(
+        correction={"decode": 1.4},
+        slo_spend=0.2,
+        load_history=((T0 - 30.0, 8.0), (T0 - 15.0, 9.0)),
+        last_scale_up={"decode": T0 - 60.0},
+    )
+    status = {"autoscaling": {"policyMemory": to_memory(remembered, T0 - 15.0)}}
+    restored = policy_state({}, status, T0)
+    assert restored.correction == {"decode": 1.4} and restored.slo_spend == 0.2
+    assert restored.load_history == remembered.load_history
+    assert restored.last_scale_up == {"decode": T0 - 60.0}
+    live = PolicyState(correction={"decode": 0.7})
+    assert policy_state({"policy_state": live}, status, T0) is live  # the memo wins while it has a state
+    assert policy_state({}, {}, T0) == PolicyState()
+    assert policy_state({}, {"autoscaling": {"policyMemory": "garbled"}}, T0) == PolicyState()
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """RFC 7386 JSON merge patch, as the API server applies it."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping):
+            child = target.get(key)
+            if not isinstance(child, dict):
+                child = target[key] = {}
+            _merge(child, value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class _FakeKube:
+    """Just enough of KubeApi for one evaluation: the policy, the two child Deployments, no pods."""
+
+    def __init__(self, deployment: dict[str, Any]) -> None:
+        self.deployment = deployment
+        self.policy = {
+            "apiVersion": "disagg.dev/v1alpha1",
+            "kind": "RatioPolicy",
+            "metadata": {"name": "chat", "namespace": "default"},
+            "spec": {"slo": {"ttft": {"targetSeconds": 0.8}, "itl": {"targetSeconds": 0.04}}},
+        }
+        self.events: list[Mapping[str, Any]] = []
+
+    def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+        if kind.kind == "RatioPolicy":
+            return copy.deepcopy(self.policy)
+        if kind.kind == "Deployment":
+            return {"spec": {"replicas": 2}}
+        return copy.deepcopy(self.deployment)
+
+    def list(self, kind: Kind, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
+        return []
+
+    def merge_patch_status(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        _merge(self.deployment.setdefault("status", {}), status)
+        return copy.deepcopy(self.deployment)
+
+    def create(self, kind: Kind, namespace: str | None, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.events.append(obj)
+        return dict(obj)
+
+
+def _runtime(kube: _FakeKube) -> Runtime:
+    return Runtime(
+        kube=cast(KubeApi, kube),
+        settings=AutoscalingSettings(),
+        signals=None,
+        metrics=AutoscalingMetrics.create(CollectorRegistry()),
+    )
+
+
+def test_a_restarted_operator_picks_the_policy_memory_up_from_status() -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": "chat", "namespace": "default", "uid": "u1", "generation": 1},
+        "spec": {"autoscaling": {"enabled": True, "policyRef": {"name": "chat"}}},
+    }
+    kube = _FakeKube(copy.deepcopy(body))
+    memo: dict[str, Any] = {}
+    learned = PolicyState(correction={"decode": 1.3}, slo_spend=0.3, load_history=((T0 - 20.0, 5.0),))
+    memo["policy_state"] = learned
+    assert evaluate(_runtime(kube), body, memo, T0) is not None
+    memory = kube.deployment["status"]["autoscaling"]["policyMemory"]
+    assert memory["correction"] == {"decode": 1.3} and memory["sloSpend"] == 0.3
+    assert memory["loadHistory"] == [[round(T0 - 20.0), 5.0]]
+
+    restarted: dict[str, Any] = {}  # a new operator process: an empty per-object memo
+    later = T0 + 60.0
+    assert evaluate(_runtime(kube), copy.deepcopy(kube.deployment), restarted, later) is not None
+    state = restarted["policy_state"]
+    assert state.correction == {"decode": 1.3} and state.slo_spend == 0.3
+    assert state.load_history == ((T0 - 20.0, 5.0),)
+    assert kube.deployment["status"]["autoscaling"]["policyMemory"]["savedAt"] == round(later)

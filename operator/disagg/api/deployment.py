@@ -810,6 +810,14 @@ class AutoscalingStatus(ApiModel):
     decisions: list[ScalingDecision] = Field(
         default_factory=list, max_length=10, description="Recent decisions, newest first (at most 10)."
     )
+    policy_memory: FreeFormObject | None = Field(
+        default=None,
+        description="What the ratio policy remembers across an operator restart, rewritten after every "
+        "evaluation: recent request rates (loadHistory), learned corrections, error-budget spend "
+        "(sloSpend), recent scale-ups, scale-downs and flaps, times in epoch seconds, at most an hour "
+        "old. Internal to the autoscaler; a restarted operator reads it back, and anything it cannot "
+        "read is ignored (the policy then starts without history).",
+    )
 
 
 class DisaggregatedDeploymentStatus(ApiModel):

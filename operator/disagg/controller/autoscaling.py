@@ -22,7 +22,10 @@ Pods that stay Pending as Unschedulable past a grace period set a replica ceilin
 (``PolicyState.limited``) and the ScalingLimited condition, instead of piling up more Pending pods.
 
 Per-object state (the PolicyState between evaluations) lives in kopf's per-object ``memo``; everything a
-restart must not lose lives in status. The functions above the handler section are pure.
+restart must not lose lives in status. The part of the PolicyState worth keeping (rate history, learned
+corrections, error-budget spend, recent moves) is written to ``status.autoscaling.policyMemory`` after
+every evaluation and read back when the memo has none (:mod:`disagg.policy.memory`), so a restarted
+operator does not start blind. The functions above the handler section are pure.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from disagg.k8s.events import post_event
 from disagg.metrics.prometheus import PrometheusSignals
 from disagg.metrics.queries import ENGINE_METRICS, TARGET_LABELS, Engine, gauge_sum_by, selector
 from disagg.policy import decide
+from disagg.policy.memory import from_memory, memory_patch, to_memory
 from disagg.policy.types import (
     ROLES,
     Bounds,
@@ -794,6 +798,15 @@ def report_inactive(rt: Runtime, body: Mapping[str, Any], reason: str, message: 
     post_event(rt.kube, body, reason, message, "Warning")
 
 
+def policy_state(memo: Mapping[str, Any], status: Mapping[str, Any], now: float) -> PolicyState:
+    """The PolicyState to evaluate from: the memo's, or after an operator restart (nothing in the memo)
+    the one remembered in ``status.autoscaling.policyMemory`` (see :mod:`disagg.policy.memory`)."""
+    state = memo.get("policy_state")
+    if isinstance(state, PolicyState):
+        return state
+    return from_memory((status.get("autoscaling") or {}).get("policyMemory"), now)
+
+
 def evaluate(
     rt: Runtime, body: Mapping[str, Any], memo: MutableMapping[str, Any], now: float
 ) -> Decision | None:
@@ -845,7 +858,7 @@ def evaluate(
     else:
         observation = Observation(time=now, prefill=role_obs["prefill"], decode=role_obs["decode"])
 
-    state: PolicyState = memo.get("policy_state") or PolicyState()
+    state = policy_state(memo, status, now)
     state, newly_limited = update_limits(state, counts, now, float(policy.pending_backoff_seconds))
     decision, state = decide(observation, policy, state, now, bounds)
     decision, clamped = apply_ceiling(decision, state.limited)
@@ -860,6 +873,9 @@ def evaluate(
 
     new_auto = autoscaling_status(
         status.get("autoscaling"), str(policy_name), mode, decision, current, now, rt.settings.max_decisions
+    )
+    new_auto["policyMemory"] = memory_patch(
+        (status.get("autoscaling") or {}).get("policyMemory"), to_memory(state, now)
     )
     metrics_ok, metrics_reason, metrics_message = metrics_condition(observation)
     limited, limited_reason, limited_message = limited_condition(decision, state.limited, clamped)
