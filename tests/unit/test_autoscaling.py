@@ -277,6 +277,21 @@ def test_settings_from_env_validate_numbers() -> None:
         AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_PENDING_GRACE_S": "soon"})
 
 
+def test_decisions_kept_in_status_cannot_exceed_the_crds_max_items() -> None:
+    # more decisions than status.autoscaling.decisions' maxItems would make every status write fail
+    from disagg.api.crd import all_crds
+
+    crd = next(c for c in all_crds() if c["spec"]["names"]["kind"] == "DisaggregatedDeployment")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    max_items = schema["properties"]["status"]["properties"]["autoscaling"]["properties"]["decisions"][
+        "maxItems"
+    ]
+    assert AutoscalingSettings().max_decisions == max_items
+    assert AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_MAX_DECISIONS": "4"}).max_decisions == 4
+    with pytest.raises(ValueError, match=f"at most {max_items}"):
+        AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_MAX_DECISIONS": str(max_items + 1)})
+
+
 def test_a_target_is_announced_once_until_applied() -> None:
     decision = _decision(3, 2, "TTFTBreachPrefillQueue")
     current = {"prefill": 2, "decode": 2}

@@ -788,6 +788,10 @@ class ScalingDecision(ApiModel):
     message: str = Field(default="", max_length=4096, description="Why, for people.")
 
 
+# the most decisions status.autoscaling keeps (the CRD's maxItems; the operator's setting may not exceed it)
+MAX_STATUS_DECISIONS = 10
+
+
 class AutoscalingStatus(ApiModel):
     """What the autoscaling loop decided (written by it, read by the reconciler)."""
 
@@ -808,7 +812,9 @@ class AutoscalingStatus(ApiModel):
         "...): what the autoscaler thinks now; decisions keeps only the moves.",
     )
     decisions: list[ScalingDecision] = Field(
-        default_factory=list, max_length=10, description="Recent decisions, newest first (at most 10)."
+        default_factory=list,
+        max_length=MAX_STATUS_DECISIONS,
+        description=f"Recent decisions, newest first (at most {MAX_STATUS_DECISIONS}).",
     )
     policy_memory: FreeFormObject | None = Field(
         default=None,

@@ -46,6 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from disagg.api.deployment import MAX_STATUS_DECISIONS
 from disagg.api.ratiopolicy import RatioPolicy, RatioPolicySpec
 from disagg.controller.metrics import ControllerMetrics
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, MERGE_PATCH, POD, Kind, KubeApi, load_api_client
@@ -76,13 +77,25 @@ CONDITION_ACTIVE = "ScalingActive"
 CONDITION_LIMITED = "ScalingLimited"
 
 
+def decisions_kept(value: float) -> int:
+    """DISAGG_AUTOSCALING_MAX_DECISIONS as a count within the CRD's maxItems (a larger one would make
+    every status write fail validation)."""
+    count = int(value)
+    if count > MAX_STATUS_DECISIONS:
+        raise ValueError(
+            f"DISAGG_AUTOSCALING_MAX_DECISIONS: at most {MAX_STATUS_DECISIONS} "
+            f"(status.autoscaling.decisions maxItems), got {count}"
+        )
+    return max(count, 1)
+
+
 @dataclass(frozen=True)
 class AutoscalingSettings:
     """Knobs of the loop itself (the policy's own knobs live in the RatioPolicy)."""
 
     tick_s: float = 2.0  # base timer interval; evaluations happen on the policy's interval
     pending_grace_s: float = 60.0  # how long an added pod may stay Unschedulable before the role is limited
-    max_decisions: int = 10  # decisions kept in status, newest first
+    max_decisions: int = MAX_STATUS_DECISIONS  # decisions kept in status, newest first (the CRD's maxItems)
     prometheus_url: str | None = None
 
     @staticmethod
@@ -106,7 +119,7 @@ class AutoscalingSettings:
         return AutoscalingSettings(
             tick_s=number("DISAGG_AUTOSCALING_TICK_S", defaults.tick_s),
             pending_grace_s=number("DISAGG_AUTOSCALING_PENDING_GRACE_S", defaults.pending_grace_s),
-            max_decisions=int(number("DISAGG_AUTOSCALING_MAX_DECISIONS", defaults.max_decisions)),
+            max_decisions=decisions_kept(number("DISAGG_AUTOSCALING_MAX_DECISIONS", defaults.max_decisions)),
             prometheus_url=values.get("DISAGG_PROMETHEUS_URL") or None,
         )
 
