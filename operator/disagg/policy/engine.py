@@ -41,6 +41,7 @@ from disagg.policy.model_based import (
     prefill_service,
     prompt_quantiles,
     resolve_profile,
+    step_shape,
     update_corrections,
 )
 from disagg.policy.proposal import Proposal, RoleProposal
@@ -193,13 +194,7 @@ def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds)
     if known is None:
         return None
     decode, prompt = known
-    context = prompt + _half_output(obs)
-
-    def step(batch: float) -> float:
-        b = max(1, round(batch))
-        return decode.decode_step_time_s(b, int(b * context))
-
-    return step
+    return step_shape(decode, prompt + _half_output(obs))
 
 
 def decode_kv_batch(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> int | None:

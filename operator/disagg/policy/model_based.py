@@ -36,6 +36,7 @@ from typing import Protocol
 from disagg.api.ratiopolicy import RatioPolicySpec
 from disagg.policy.feedback import (
     Band,
+    StepTime,
     backlog_only,
     decode_holds_ttft,
     prefill_side_ttft,
@@ -472,6 +473,16 @@ def prefill_queued(obs: Observation, ttft_target_s: float) -> bool:
     return queued or (wait_s is not None and wait_s >= 0.25 * ttft_target_s)
 
 
+def step_shape(lm: LatencyModelLike, context: float) -> StepTime:
+    """The decode step time against batch size at ``context`` tokens per sequence."""
+
+    def step(batch: float) -> float:
+        size = max(1, round(batch))
+        return lm.decode_step_time_s(size, int(size * context))
+
+    return step
+
+
 def with_hysteresis(current: int, grow_to: int, shrink_to: int) -> int:
     """``grow_to`` when it is above ``current``; a shrink only as far as ``shrink_to`` (sized with more
     headroom), never above ``current``."""
@@ -561,7 +572,6 @@ def model_based_proposal(
         )
     fc = rate_forecast(obs, policy, state, now, bounds)
     recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
-    keep = None  # the load a shrink must still carry, when it differs from the plan
     if fc.trusted:
         # a predictable trend: grow for its expected value at the moment replicas asked for now will
         # serve, and keep what its upper band needs (shrinking below it would have to be undone)
@@ -569,7 +579,9 @@ def model_based_proposal(
     else:
         # bursty or too little history: the short trend ahead, or the window's peak if higher
         trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
-        plan = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
+        plan = keep = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
+    # the busiest rate a smaller pool will be remembered for: the scale-down window's peak
+    shrink_peak = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
     context = prompt + out / 2.0
@@ -633,12 +645,11 @@ def model_based_proposal(
     # hysteresis: a pool grows when the plan needs more replicas at the utilisation, and shrinks only
     # to what the plan needs at a utilisation lower by the tolerance band, so a plan hovering at a
     # replica boundary does not move the pool up and down
-    held = plan if keep is None else keep
     n_p = with_hysteresis(
-        obs.prefill.replicas, prefill_needed(util, plan), prefill_needed(util * (1 - tol), held)
+        obs.prefill.replicas, prefill_needed(util, plan), prefill_needed(util * (1 - tol), keep)
     )
     n_d = with_hysteresis(
-        obs.decode.replicas, decode_needed(util, plan), decode_needed(util * (1 - tol), held)
+        obs.decode.replicas, decode_needed(util, plan), decode_needed(util * (1 - tol), keep)
     )
     # what the decode pool holds now is demand too, measured rather than planned; and a full KV cache
     # with requests queued behind it hides how much more is coming, so it doubles the pool (once the
@@ -655,19 +666,14 @@ def model_based_proposal(
         # grown by the latency model's step shape at the batch the survivors would carry, and the KV
         # at the peak load of the scale-down window (seen: a steady pool flipping 2 -> 1 -> 2 because
         # ITL p90 on one replica breached what the mean-context model expected)
-        def step_at(b: float) -> float:
-            size = max(1, round(b))
-            return models.decode.decode_step_time_s(size, int(size * context))
-
-        peak = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
         safe = smallest_safe_decode(
             obs,
             obs.decode.replicas,
             Band(itl_t, tol),
             util,
             bounds.decode,
-            step_at,
-            peak / rate if rate > 0 else 1.0,
+            step_shape(models.decode, context),
+            shrink_peak / rate if rate > 0 else 1.0,
             batch or None,
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
@@ -679,7 +685,6 @@ def model_based_proposal(
         # against the scale-down window's peak); a trusted trend is smooth enough for the model and its
         # band; without the prefill pool's own latencies there is no proof to ask and the model decides
         band = Band(ttft_t, tol)
-        shrink_at = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
         window = [(t, r) for t, r in state.load_history if now - t <= shrink_window]
         steady = steady_arrivals(obs, window, shrink_window)
         work = service.mean_s if steady else None
@@ -689,7 +694,7 @@ def model_based_proposal(
             band,
             util,
             bounds.prefill,
-            shrink_at,
+            shrink_peak,
             work,
             shrink_ceiling(band, steady),
         )
