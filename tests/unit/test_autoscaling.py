@@ -568,3 +568,14 @@ def test_a_restarted_operator_picks_the_policy_memory_up_from_status() -> None:
     assert state.correction == {"decode": 1.3} and state.slo_spend == 0.3
     assert state.load_history == ((T0 - 20.0, 5.0),)
     assert kube.deployment["status"]["autoscaling"]["policyMemory"]["savedAt"] == round(later)
+
+
+def test_the_spec_serving_reading_is_reused_until_the_spec_generation_changes() -> None:
+    from disagg.controller.autoscaling import cached_serving
+
+    memo: dict[str, Any] = {}
+    first = cached_serving(memo, 3, _spec())
+    assert first is not None
+    assert cached_serving(memo, 3, {"garbage": True}) is first  # same generation: not read again
+    changed = cached_serving(memo, 4, {"garbage": True})
+    assert changed is None and memo["serving"] == (4, None)

@@ -811,6 +811,19 @@ def report_inactive(rt: Runtime, body: Mapping[str, Any], reason: str, message: 
     post_event(rt.kube, body, reason, message, "Warning")
 
 
+def cached_serving(
+    memo: MutableMapping[str, Any], generation: object, spec: Mapping[str, Any]
+) -> SpecServing | None:
+    """:func:`spec_serving` once per spec generation (it validates the whole spec), not per evaluation."""
+    cached = memo.get("serving")
+    if isinstance(cached, tuple) and generation is not None and cached[0] == generation:
+        value: SpecServing | None = cached[1]
+        return value
+    serving = spec_serving(spec)
+    memo["serving"] = (generation, serving)
+    return serving
+
+
 def policy_state(memo: Mapping[str, Any], status: Mapping[str, Any], now: float) -> PolicyState:
     """The PolicyState to evaluate from: the memo's, or after an operator restart (nothing in the memo)
     the one remembered in ``status.autoscaling.policyMemory`` (see :mod:`disagg.policy.memory`)."""
@@ -855,7 +868,7 @@ def evaluate(
     memo["last_evaluation"] = now
     status = fresh_object(rt.kube, body).get("status") or {}
     role_obs: dict[Role, RoleObservation] = {}
-    serving = spec_serving(spec)
+    serving = cached_serving(memo, (body.get("metadata") or {}).get("generation"), spec)
     startups = role_startups(serving, pods)
     bounds = bounds_from(spec, serving, startups)
     for role in ROLES:
