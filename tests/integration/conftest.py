@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from disagg.api.crd import all_crds
+from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, JOB, MERGE_PATCH, POD, JsonDict, Kind, KubeApi
 
@@ -36,15 +37,8 @@ RESYNC_INTERVAL_S = 20
 
 
 def poll(check: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 0.25, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
-        time.sleep(interval_s)
+    """The project's polling helper (disagg.cluster.wait.wait_for), typed loosely for tests."""
+    return wait_for(check, timeout_s, interval_s, what)
 
 
 @dataclass

@@ -9,7 +9,6 @@ the operator keeps serving other objects.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import DisaggregatedDeployment
+from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL, owner_reference
 from disagg.k8s.client import (
     CHILD_KINDS,
@@ -52,15 +52,8 @@ ChildKey = tuple[str, str]
 
 
 def poll(check: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 0.25, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
-        time.sleep(interval_s)
+    """The project's polling helper (disagg.cluster.wait.wait_for), typed loosely for tests."""
+    return wait_for(check, timeout_s, interval_s, what)
 
 
 def tiny_deployment(name: str, namespace: str, **spec: Any) -> JsonDict:

@@ -22,6 +22,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import CACHE_NEEDS_HUGGING_FACE, READ_ONLY_CREATE_NEEDS_PREFILLED
+from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import (
     DEPLOYMENT,
@@ -42,16 +43,7 @@ TIMEOUT_S = 120.0
 
 
 def poll(check: Any, timeout_s: float = TIMEOUT_S, what: str = "") -> Any:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)
+    return wait_for(check, timeout_s, what=what)
 
 
 def cached_deployment(name: str, namespace: str) -> JsonDict:
