@@ -46,7 +46,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from disagg.twin.traffic import CHAT, CHAT_OUT, LengthDist, Request, _thinned, gamma_bursty
+from disagg.twin.traffic import CHAT, CHAT_OUT, LengthDist, Request, gamma_bursty, nonhomogeneous_poisson
 
 BLOCK_TOKENS = 512  # Mooncake hash_ids: one id per 512-token block
 MAX_REQUESTS = 55_000  # per case: keeps one simulation at a few seconds
@@ -168,7 +168,7 @@ class Diurnal:
     def generate(self, seed: int) -> list[Request]:
         rng = np.random.default_rng(seed)
         rate = self.rate(rng)
-        times = _thinned(rate, float(rate.max()), self.duration_s, rng)
+        times = nonhomogeneous_poisson(rate, float(rate.max()), self.duration_s, rng)
         prompt = LengthDist(self.prompt_mean, CHAT.cv, hi=32768).sample(rng, len(times))
         output = LengthDist(self.output_mean, CHAT_OUT.cv, hi=MAX_OUTPUT).sample(rng, len(times))
         return _requests(times, prompt, output)
@@ -341,7 +341,7 @@ class MixShift:
         times, prompts, outputs = [], [], []
         for cls, (pd, od) in self.lengths().items():
             rate = self.rates()[cls] * weights[cls]
-            ts = _thinned(rate, max(float(rate.max()), 1e-9), self.duration_s, rng)
+            ts = nonhomogeneous_poisson(rate, max(float(rate.max()), 1e-9), self.duration_s, rng)
             times.append(ts)
             prompts.append(pd.sample(rng, len(ts)))
             outputs.append(od.sample(rng, len(ts)))
@@ -528,7 +528,7 @@ class MultiTurn:
         rng = np.random.default_rng(seed)
         t = np.arange(math.ceil(self.duration_s), dtype=float)
         rate = self.session_rate * (1.0 + (self.end_ratio - 1.0) * t / self.duration_s)
-        starts = _thinned(rate, float(rate.max()), self.duration_s, rng)
+        starts = nonhomogeneous_poisson(rate, float(rate.max()), self.duration_s, rng)
         system = int(self.system_tokens)
         system_ids = tuple(range(system // BLOCK_TOKENS))
         next_id = len(system_ids)

@@ -207,7 +207,7 @@ def gamma_bursty(
     return _with_lengths(times, prompt, output, rng)
 
 
-def _thinned(rate_fn: np.ndarray, peak: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+def nonhomogeneous_poisson(rate_fn: np.ndarray, peak: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Non-homogeneous Poisson by thinning; ``rate_fn`` sampled per second."""
     n = rng.poisson(peak * duration_s)
     cand = np.sort(rng.uniform(0, duration_s, n))
@@ -231,7 +231,7 @@ def diurnal(
     rng = np.random.default_rng(seed)
     t = np.arange(math.ceil(duration_s))
     rate = mean_rate * (1 + amplitude * np.sin(2 * np.pi * t / period_s))
-    times = _thinned(rate, mean_rate * (1 + amplitude), duration_s, rng)
+    times = nonhomogeneous_poisson(rate, mean_rate * (1 + amplitude), duration_s, rng)
     return _with_lengths(times, prompt, output, rng)
 
 
