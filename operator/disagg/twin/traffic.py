@@ -207,7 +207,9 @@ def gamma_bursty(
     return _with_lengths(times, prompt, output, rng)
 
 
-def nonhomogeneous_poisson(rate_fn: np.ndarray, peak: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+def nonhomogeneous_poisson(
+    rate_fn: np.ndarray, peak: float, duration_s: float, rng: np.random.Generator
+) -> np.ndarray:
     """Non-homogeneous Poisson by thinning; ``rate_fn`` sampled per second."""
     n = rng.poisson(peak * duration_s)
     cand = np.sort(rng.uniform(0, duration_s, n))
