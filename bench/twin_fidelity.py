@@ -12,6 +12,7 @@ import csv
 import sys
 from pathlib import Path
 
+from disagg.perf.latency import LatencyModel, load_latency_model
 from disagg.twin.calibrate import (
     DEFAULT_H200_CSV,
     H200_FIT,
@@ -25,7 +26,6 @@ from disagg.twin.calibrate import (
     read_forward_csv,
 )
 from disagg.twin.fidelity import AICONFIG, NIM_CONCURRENCY, NIM_SINGLE, TOLERANCE, closed_loop_latency
-from disagg.twin.latency import LatencyModel, load_latency_model
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration"
 # source: NVIDIA H100 SXM (3.35 TB/s) and H200 (4.8 TB/s) datasheets (profiles/gpus.yaml).

@@ -9,7 +9,7 @@ the twin's load generator, shows the operator's decisions live, and writes a rep
 
 The deployment's weights are on a model cache claim (``spec.model.cache``, prefilled: the demo plays the
 storage admin and provides the volume). Each new replica's model loading is the start-up the spec implies
-(:mod:`disagg.twin.startup`: weights read from the cache, versus every replica downloading them first),
+(:mod:`disagg.perf.startup`: weights read from the cache, versus every replica downloading them first),
 compressed by ``startup_scale`` like the rest of the demo; kwok holds each engine pod's Ready condition
 until the twin serves it, as a readiness probe would. At the end the demo reports how long each
 scale-up's new pods took from creation to Ready, against the estimates with and without the cache.
@@ -362,7 +362,7 @@ def cache_volume_manifests(settings: DemoSettings) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class StartupEstimates:
     """A new replica's start-up for the demo's model, with and without the model cache, at full scale
-    (disagg.twin.startup), and the demo's compression of it."""
+    (disagg.perf.startup), and the demo's compression of it."""
 
     weight_gb: float
     cached_s: float
@@ -379,8 +379,8 @@ class StartupEstimates:
 def startup_estimates(settings: DemoSettings, dtype: str = "bf16") -> StartupEstimates | None:
     """The estimates for the demo's deployment spec, as the live twin and the operator take them; None
     when the twin has no profile of the model."""
-    from disagg.twin.latency import load_model_config
-    from disagg.twin.startup import spec_startup_delay_s
+    from disagg.perf.latency import load_model_config
+    from disagg.perf.startup import spec_startup_delay_s
 
     spec = deployment_manifest(settings)["spec"]
     model = {k: v for k, v in spec["model"].items() if k != "cache"}
@@ -424,7 +424,7 @@ def startup_report(
 ) -> list[str]:
     """What the scale-ups show about model loading: each new pod's creation-to-Ready time, and why (the
     estimates with and without the model cache)."""
-    from disagg.twin.startup import DEFAULT_ASSUMPTIONS as A
+    from disagg.perf.startup import DEFAULT_ASSUMPTIONS as A
 
     lines = [
         f"{p.role} pod {p.name}, added at {p.created_at_s:.0f}s: Ready {p.seconds:.0f} s after its creation"
@@ -448,7 +448,7 @@ def startup_report(
             f"({e.cached_s * x:.1f} s here)"
         )
     assumed = (
-        f"(estimates: disagg.twin.startup's assumptions: Hub download {A.hub_download_gbytes_per_s:g} GB/s, "
+        f"(estimates: disagg.perf.startup's assumptions: Hub download {A.hub_download_gbytes_per_s:g} GB/s, "
         f"cache read {A.cache_read_gbytes_per_s:g} GB/s, engine start {A.engine_init_s:.0f} s)"
     )
     return [*lines, why, assumed]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from disagg.cluster.released import ensure_wheel, pinned_releases
-from disagg.twin.latency import load_latency_model
+from disagg.perf.latency import load_latency_model
 from disagg.twin.live.engine import NIXL_REMOTE_FIELDS, EngineSettings, LiveEngine
 from disagg.twin.live.exposition import VllmMetrics
 

@@ -1,7 +1,7 @@
 """A new replica's model loading on the local control plane (real kube-apiserver, scheduler, kwok).
 
 The live twin following a DisaggregatedDeployment's pods loads each new pod's model for the start-up its
-spec implies (disagg.twin.startup: weights read from spec.model.cache, or downloaded by every replica),
+spec implies (disagg.perf.startup: weights read from spec.model.cache, or downloaded by every replica),
 here compressed by ``startup_scale``. kwok holds a pod annotated ``disagg.dev/ready-when-served`` Running
 but not Ready until the twin serves it, as the engine's readiness probe would on a cluster, so the pod's
 Ready condition times the loading. The autoscaler reads that back through the API server: its measured
@@ -19,9 +19,9 @@ from disagg.cluster.kwok_stages import READY_WHEN_SERVED
 from disagg.cluster.wait import wait_for_async
 from disagg.controller.autoscaling import bounds_of, measured_startup_s, pod_info, read_role
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, POD, JsonDict, KubeApi
+from disagg.perf.startup import spec_startup_delay_s
 from disagg.twin.live.follower import Overrides, PodFollower
 from disagg.twin.live.pods import PodPool, PoolSettings
-from disagg.twin.startup import spec_startup_delay_s
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SCALE = 0.05  # the cached 8B start-up, ~71 s, becomes ~3.5 s

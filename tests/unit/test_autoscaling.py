@@ -426,7 +426,7 @@ def test_bounds_carry_the_serving_profile_simulate_uses() -> None:
 
 
 def test_startup_comes_from_the_pods_else_from_the_spec_cached_or_downloading() -> None:
-    from disagg.twin.startup import spec_startup_delay_s
+    from disagg.perf.startup import spec_startup_delay_s
 
     cached, downloading = _spec(cached=True), _spec(cached=False)
     estimate = spec_startup_delay_s(cached, "bf16")

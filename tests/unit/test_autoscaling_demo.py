@@ -181,7 +181,7 @@ def test_the_demo_deployment_reads_its_weights_from_a_prefilled_cache_and_waits_
 
 
 def test_the_startup_estimates_are_the_twins_for_the_spec_cached_and_downloading() -> None:
-    from disagg.twin.startup import spec_startup_delay_s
+    from disagg.perf.startup import spec_startup_delay_s
 
     estimates = startup_estimates(SETTINGS)
     assert estimates is not None and estimates.cached

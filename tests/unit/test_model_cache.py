@@ -25,6 +25,7 @@ from disagg.controller.reconcile import FULL, Applied, Reconciler, render
 from disagg.controller.settings import ControllerSettings
 from disagg.controller.status import build_status, role_state
 from disagg.k8s.apply import apply_waves, with_owner
+from disagg.perf.startup import StartupAssumptions, spec_startup_delay_s, startup_delay_s, weights_cached
 from disagg.policy.types import Observation
 from disagg.render import (
     build_engine_pod_template,
@@ -34,7 +35,6 @@ from disagg.render import (
 )
 from disagg.render.engines import HF_CACHE_DIR, HF_HUB_CACHE_DIR
 from disagg.twin.sim import SimDeployment, simulate
-from disagg.twin.startup import StartupAssumptions, spec_startup_delay_s, startup_delay_s, weights_cached
 from disagg.twin.traffic import LengthDist, Request, poisson
 
 REPO = Path(__file__).resolve().parents[2]

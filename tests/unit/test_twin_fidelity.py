@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from disagg.perf.latency import load_latency_model
 from disagg.twin.fidelity import (
     AICONFIG,
     NIM_CONCURRENCY,
@@ -68,7 +69,6 @@ from disagg.twin.fidelity import (
     closed_loop_latency,
 )
 from disagg.twin.fidelity import rel_err as _rel_err
-from disagg.twin.latency import load_latency_model
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration"
 QUEUEING_MISS = (
@@ -230,8 +230,8 @@ def _h200_rows(model: str, tp: int) -> list:  # type: ignore[type-arg]
 
 
 def _shard_prediction_ms(model: object, row: object) -> float:
+    from disagg.perf.latency import LatencyModel
     from disagg.twin.calibrate import ForwardRow
-    from disagg.twin.latency import LatencyModel
 
     assert isinstance(model, LatencyModel) and isinstance(row, ForwardRow)
     if row.phase == "prefill":

@@ -4,8 +4,8 @@ unreferenced cached blocks are evicted least recently freed first, and a replica
 
 from __future__ import annotations
 
+from disagg.perf.latency import load_latency_model
 from disagg.twin.engine import EngineCore, EngineSettings, SimRequest, StepEvents
-from disagg.twin.latency import load_latency_model
 from disagg.twin.sim import PoolSpec, SimDeployment, Simulator
 from disagg.twin.traffic import Request
 

@@ -1,4 +1,4 @@
-"""The twin's latency model: contract, physics sanity and error messages (pure, fast)."""
+"""The latency model (disagg.perf, shared by the policy and the twin): contract, physics, error messages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from disagg.twin.latency import Link, load_latency_model
+from disagg.perf.latency import PROFILES_DIR, Link, load_latency_model
 
 
 def test_kv_bytes_per_token_from_config() -> None:
@@ -96,14 +96,7 @@ def test_shipped_coefficients_are_reproducible_from_the_calibration_data(tmp_pat
         pytest.skip("../shared/calibration not present")
     out = tmp_path / "coefficients.yaml"
     assert calibrate_main(["--calibration", str(shared), "--out", str(out)]) == 0
-    shipped = (
-        Path(__file__).resolve().parents[2]
-        / "operator"
-        / "disagg"
-        / "twin"
-        / "profiles"
-        / "coefficients.yaml"
-    )
+    shipped = PROFILES_DIR / "coefficients.yaml"
     # equal to the last few bits: the least-squares fits round differently with another numpy/BLAS build
     # (seen: 8.897082467543456e-06 vs 8.897082466319262e-06), which is not a different calibration
     assert_close(yaml.safe_load(out.read_text()), yaml.safe_load(shipped.read_text()), "coefficients")

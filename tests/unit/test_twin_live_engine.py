@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from disagg.twin.latency import load_latency_model
+from disagg.perf.latency import load_latency_model
 from disagg.twin.live.engine import (
     Bootstrap,
     EngineSettings,
@@ -449,10 +449,10 @@ def test_a_followed_pod_loads_its_model_for_the_spec_start_up_unless_the_cli_fix
     import argparse
     import copy
 
+    from disagg.perf.startup import spec_startup_delay_s
     from disagg.twin.cli import _pool_settings, configure
     from disagg.twin.live.follower import spec_startup_delay
     from disagg.twin.live.pods import PodPool, PoolSettings
-    from disagg.twin.startup import spec_startup_delay_s
 
     example = yaml.safe_load((REPO / "examples" / "vllm-nixl.yaml").read_text())  # 70B, weights cached
     uncached = copy.deepcopy(example)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from disagg.perf.latency import load_latency_model
 from disagg.policy.types import Observation
 from disagg.twin.engine import EngineCore, EngineSettings, SimRequest
-from disagg.twin.latency import load_latency_model
 from disagg.twin.sim import LogHistogram, PoolSpec, SimDeployment, Simulator, simulate
 from disagg.twin.traffic import LengthDist, Request, poisson
 

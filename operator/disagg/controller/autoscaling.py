@@ -10,7 +10,7 @@ fixed interval; a policy's interval is data). Each evaluation:
 3. calls the pure :func:`disagg.policy.decide` with the deployment's bounds: replica ranges, GPUs, its
    serving profile (model, GPU, TP, dtype, read as ``disagg simulate`` reads them) and each role's
    replica start-up, measured on the role's own pods (creation to Ready) or else estimated from the spec
-   (:mod:`disagg.twin.startup`: weights cached or downloaded), which the ScalingActive condition reports;
+   (:mod:`disagg.perf.startup`: weights cached or downloaded), which the ScalingActive condition reports;
 4. writes ``status.autoscaling`` (policy, mode, desiredReplicas, lastEvaluationTime, lastEvaluation --
    the latest evaluation's target and cause even when it changed nothing --, the last decisions)
    and the conditions MetricsAvailable, ScalingActive and ScalingLimited, and posts an Event for every
@@ -328,9 +328,9 @@ class SpecServing:
 def spec_serving(spec: Mapping[str, Any]) -> SpecServing | None:
     """Model, GPU, TP and dtype read from a DisaggregatedDeployment spec (dict as served) exactly as
     ``disagg simulate`` reads them (disagg.twin.sim.SimDeployment), and the start-up estimate of
-    disagg.twin.startup; None when the spec does not validate or names no model."""
+    disagg.perf.startup; None when the spec does not validate or names no model."""
+    from disagg.perf.startup import spec_startup_delay_s, weights_cached
     from disagg.twin.sim import SimDeployment  # pure; imported when first needed
-    from disagg.twin.startup import spec_startup_delay_s, weights_cached
 
     document = {
         "apiVersion": "disagg.dev/v1alpha1",

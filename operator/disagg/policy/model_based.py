@@ -1,7 +1,8 @@
 """The ``model-based`` algorithm (the default): replicas from a capacity model per role, corrected online,
 planned over the start-up horizon. Pure.
 
-The capacity model is the twin's latency model (:func:`disagg.twin.latency.load_latency_model`): the
+The capacity model is the latency model of :mod:`disagg.perf` (:func:`disagg.perf.latency.load_latency_model`,
+shared with the twin): the
 time of a prefill step for the observed prompt lengths and of a decode step for a batch and context.
 No separate profiling run; the model is corrected online where the comparison means something:
 
@@ -71,7 +72,7 @@ QUEUE_CORRECTION_RANGE = (0.25, 1.5)
 
 
 class LatencyModelLike(Protocol):
-    """What the model-based algorithm needs from :class:`disagg.twin.latency.LatencyModel`."""
+    """What the model-based algorithm needs from :class:`disagg.perf.latency.LatencyModel`."""
 
     kv_capacity_tokens: int
 
@@ -103,8 +104,8 @@ def resolve_profile(policy: RatioPolicySpec, bounds: Bounds) -> ServingProfile |
 
 
 def load_models(profile: ServingProfile) -> RoleModels:
-    """The twin's latency models for both roles (cached by the twin)."""
-    from disagg.twin.latency import load_latency_model  # pure module; imported when first needed
+    """The latency models of both roles (disagg.perf, cached there)."""
+    from disagg.perf.latency import load_latency_model
 
     return RoleModels(
         prefill=load_latency_model(profile.model, profile.gpu, profile.tp_prefill, profile.dtype),

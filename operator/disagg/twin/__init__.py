@@ -1,8 +1,8 @@
 """The serving twin: a calibrated simulator of disaggregated and colocated serving, and emulated engines.
 
-* :mod:`disagg.twin.latency` - step times per (model, GPU, TP, dtype, KV dtype) from measured kernel tables
-  (H100), measured forward passes (H200) or datasheet ratios (A100 attention, L40S); profiles/*.yaml,
-  :mod:`disagg.twin.calibrate` regenerates the coefficients.
+* :mod:`disagg.perf` (below the twin and the policy) - the latency model, step times per (model, GPU, TP,
+  dtype, KV dtype), and the replica start-up estimate; :mod:`disagg.twin.calibrate` regenerates its
+  coefficients from the measurements.
 * :mod:`disagg.twin.fidelity` - the published and measured points the twin is checked against.
 * :mod:`disagg.twin.engine` - one replica's continuous-batching scheduler (``EngineCore``), shared by the
   offline simulator and the live twin.

@@ -1,4 +1,5 @@
-"""Derive the twin's latency coefficients from published measurements and write profiles/coefficients.yaml.
+"""Derive the twin's latency coefficients from published measurements and write
+disagg/perf/profiles/coefficients.yaml.
 
 Run ``python -m disagg.twin.calibrate [--calibration ../shared/calibration]``; the output is reproducible
 from the inputs. Sources (all under ``../shared/calibration``):
@@ -53,10 +54,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from disagg.twin.latency import ModelConfig as Arch
-from disagg.twin.latency import load_model_config
+from disagg.perf.latency import PROFILES_DIR, load_model_config
+from disagg.perf.latency import ModelConfig as Arch
 
-PROFILES_DIR = Path(__file__).parent / "profiles"
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / ".." / "shared" / "calibration"
 DEFAULT_H200_CSV = (
     Path(__file__).resolve().parents[3]

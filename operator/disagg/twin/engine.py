@@ -53,7 +53,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from disagg.twin.latency import LatencyModel
+from disagg.perf.latency import LatencyModel
 
 EngineRole = Literal["colocated", "prefill", "decode"]
 

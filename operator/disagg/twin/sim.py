@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from disagg.perf.latency import LatencyModel, load_latency_model
+from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s
 from disagg.policy.types import MISSING, Measured, Observation, RoleObservation
 from disagg.twin.engine import (
     DEFAULT_MAX_BATCHED_TOKENS,
@@ -44,8 +46,6 @@ from disagg.twin.engine import (
     SimRequest,
     Step,
 )
-from disagg.twin.latency import LatencyModel, load_latency_model
-from disagg.twin.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s
 from disagg.twin.traffic import Request
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
 
 def _from_dd_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
     """Model, GPU, TP, replicas and replica start-up delay of a DisaggregatedDeployment (validated by
-    disagg.api when present). The start-up delay is :func:`disagg.twin.startup.spec_startup_delay_s`:
+    disagg.api when present). The start-up delay is :func:`disagg.perf.startup.spec_startup_delay_s`:
     spec.model.cache (or a pvc source) loads from the volume, otherwise every replica downloads first;
     a model the twin has no profile of keeps SimDeployment's default."""
     try:

@@ -38,9 +38,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from disagg.perf.latency import LatencyModel
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineCore, SimRequest
 from disagg.twin.engine import EngineSettings as CoreSettings
-from disagg.twin.latency import LatencyModel
 from disagg.twin.live.exposition import EngineGauges, EngineMetrics, FinishedRequest
 
 log = logging.getLogger(__name__)

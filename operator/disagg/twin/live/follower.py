@@ -17,7 +17,7 @@ Which latency model a pod runs comes from the DisaggregatedDeployment (model nam
 engine) and the pod itself (GPU type from its nodeSelector, tensor-parallel size from its
 ``nvidia.com/gpu`` limit, kv_load_failure_policy from its ``--kv-transfer-config``), with CLI overrides
 first. So does how long a new pod loads its model before it serves: the start-up estimate of
-:func:`disagg.twin.startup.spec_startup_delay_s` for the spec (weights read from ``spec.model.cache``, or
+:func:`disagg.perf.startup.spec_startup_delay_s` for the spec (weights read from ``spec.model.cache``, or
 downloaded by every replica), times ``startup_scale`` (a demo compresses it), unless the CLI gives a
 fixed delay. The Kubernetes client is synchronous, so its calls run in worker threads.
 """
@@ -85,7 +85,7 @@ class Defaults:
 def spec_startup_delay(spec: Mapping[str, Any], dtype: str, scale: float = 1.0) -> float | None:
     """Engine seconds a new pod of a DisaggregatedDeployment spec (dict) loads its model: the twin's
     start-up estimate (cached or downloading) times ``scale``; None without a twin profile of the model."""
-    from disagg.twin.startup import spec_startup_delay_s
+    from disagg.perf.startup import spec_startup_delay_s
 
     if scale < 0:
         raise ValueError(f"startup scale must be >= 0, got {scale}")

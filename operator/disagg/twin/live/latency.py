@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from disagg.twin.latency import LatencyModel, load_latency_model
+from disagg.perf.latency import LatencyModel, load_latency_model
 
 
 @dataclass(frozen=True)

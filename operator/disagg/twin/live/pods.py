@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from disagg.twin.latency import LatencyModel
+from disagg.perf.latency import LatencyModel
 from disagg.twin.live.engine import EngineSettings, KvLoadFailurePolicy, LiveEngine, Rendezvous, Role
 from disagg.twin.live.exposition import EngineKind, make_metrics
 from disagg.twin.live.latency import LatencyChoice, load_step_latency

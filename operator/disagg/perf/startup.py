@@ -12,7 +12,8 @@ to wait through exactly this delay after each scale-up, so the twin takes it fro
 The bandwidths and the initialisation time below are assumptions, not measurements: named, commented,
 and overridable (:class:`StartupAssumptions`), and meant to be replaced by figures measured on the target
 cluster. :func:`startup_delay_s` depends only on a weight size in bytes (so a policy or bench can use it
-with any size); :func:`spec_startup_delay_s` reads the size from the twin's model profiles.
+with any size); :func:`spec_startup_delay_s` reads the size from the model profiles
+(:mod:`disagg.perf.latency`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from disagg.twin.latency import load_model_config
+from disagg.perf.latency import load_model_config
 
 GB = 1e9
 
@@ -86,7 +87,7 @@ def spec_startup_delay_s(
     spec: Mapping[str, Any], dtype: str, assumptions: StartupAssumptions = DEFAULT_ASSUMPTIONS
 ) -> float:
     """The start-up delay of a replica of a DisaggregatedDeployment spec (a dict): the model's weight
-    bytes from the twin's profiles (profiles/models.yaml params_b x bytes of ``dtype``), cached or not.
+    bytes from the profiles (profiles/models.yaml params_b x bytes of ``dtype``), cached or not.
 
     Raises ValueError when the twin has no profile of the model."""
     model = spec.get("model") if isinstance(spec.get("model"), Mapping) else {}

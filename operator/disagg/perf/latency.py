@@ -1,4 +1,4 @@
-"""The twin's latency model: how long one engine step takes on a (model, GPU, TP, dtype).
+"""The latency model: how long one engine step takes on a (model, GPU, TP, dtype).
 
 A step runs ``num_tokens`` tokens through the model (prefill chunks plus one token per decoding sequence):
 
