@@ -27,14 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from disagg.api.crd import all_crds
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.local import LocalCluster, default_state_dir
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import (
     CHILD_KINDS,
     CONFIGMAP,
-    CRD,
     DEPLOYMENT,
     DISAGG_DEPLOYMENT,
     PDB,
@@ -46,6 +44,7 @@ from disagg.k8s.client import (
     KubeApi,
     load_api_client,
 )
+from disagg.k8s.crds import install_crds
 from disagg.render import render_children
 
 NAMESPACE = Kind("v1", "Namespace", "namespaces", namespaced=False)
@@ -75,19 +74,6 @@ def tiny_deployment(name: str, namespace: str) -> dict[str, Any]:
             "decode": {"replicas": 2},
         },
     }
-
-
-def install_crds(kube: KubeApi, timeout_s: float) -> None:
-    names = [kube.apply(crd, field_manager="disagg-bench")["metadata"]["name"] for crd in all_crds()]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        conditions = [
-            ((kube.get(CRD, None, n) or {}).get("status") or {}).get("conditions") or [] for n in names
-        ]
-        if all(any(c["type"] == "Established" and c["status"] == "True" for c in cs) for cs in conditions):
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"CRDs {names} not Established within {timeout_s} s")
 
 
 def free_port() -> int:

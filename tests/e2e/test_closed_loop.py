@@ -29,7 +29,6 @@ from disagg.demo import (
     apply_object,
     deployment_manifest,
     drive,
-    install_crds,
     operator_startup,
     ratio_policy_manifest,
     startup_estimates,
@@ -39,6 +38,7 @@ from disagg.demo import (
     write_report,
 )
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, POD, Kind, KubeApi, load_api_client
+from disagg.k8s.crds import install_crds
 
 pytestmark = pytest.mark.timeout(480)
 

@@ -33,8 +33,9 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.local import ClusterInfo, free_ports
 from disagg.cluster.routers import RouterProcess, RouterSettings, service_account_kubeconfig, start_router
 from disagg.cluster.wait import wait_for, wait_for_async
-from disagg.demo import apply_object, install_crds
+from disagg.demo import apply_object
 from disagg.k8s.client import DISAGG_DEPLOYMENT, POD, SERVICEACCOUNT, KubeApi, load_api_client
+from disagg.k8s.crds import install_crds
 from disagg.render.builders import router_command
 from disagg.twin.live.engine import EngineSettings, TransferRecord
 from disagg.twin.live.follower import Overrides, PodFollower

@@ -38,12 +38,13 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.binaries import ensure_binary
 from disagg.cluster.local import ClusterInfo
 from disagg.cluster.wait import wait_for
+from disagg.k8s.client import DISAGG_DEPLOYMENT
 from disagg.metrics.queries import TARGET_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "disagg-operator"
 POLICIES = REPO / "policies"
-DD_GROUP, DD_VERSION, DD_PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+DD_GROUP, DD_VERSION, DD_PLURAL = DISAGG_DEPLOYMENT.resource
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor"}
 # Short peering lifetime so the failover test waits seconds, not a minute (kopf's default is 60 s).
 PEERING_LIFETIME_S = 10

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from disagg.k8s.client import DISAGG_DEPLOYMENT
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = yaml.safe_load((ROOT / "tests" / "golden" / "invalid_specs.yaml").read_text())
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-GROUP, VERSION, PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+GROUP, VERSION, PLURAL = DISAGG_DEPLOYMENT.resource
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

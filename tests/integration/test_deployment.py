@@ -27,6 +27,7 @@ from disagg.k8s.client import (
     DISAGG_DEPLOYMENT,
     EVENT,
     MERGE_PATCH,
+    RATIO_POLICY,
     SERVICE,
     JsonDict,
     Kind,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-RATIO_POLICY = Kind("disagg.dev/v1alpha1", "RatioPolicy", "ratiopolicies")
 SECRET = Kind("v1", "Secret", "secrets")
 PERSISTENT_VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespaced=False)
 PERSISTENT_VOLUME_CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")

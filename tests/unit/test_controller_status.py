@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +21,8 @@ from disagg.controller.status import (
 )
 from disagg.k8s.apply import apply_waves, controller_owner, matches, owner_reference, with_owner
 
-T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+T0, T1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+T0_TEXT, T1_TEXT = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
 def deployment(
@@ -105,9 +107,9 @@ def test_problem_degrades_and_blocks_progress() -> None:
 def test_last_transition_time_moves_only_when_status_flips() -> None:
     first = set_condition([], "Ready", False, "ReplicasNotReady", "0/1", 1, T0)
     same = set_condition(first, "Ready", False, "ReplicasNotReady", "still 0/1", 2, T1)
-    assert same[0]["lastTransitionTime"] == T0 and same[0]["message"] == "still 0/1"
+    assert same[0]["lastTransitionTime"] == T0_TEXT and same[0]["message"] == "still 0/1"
     flipped = set_condition(same, "Ready", True, "AllReplicasReady", "1/1", 2, T1)
-    assert flipped[0]["lastTransitionTime"] == T1
+    assert flipped[0]["lastTransitionTime"] == T1_TEXT
 
 
 def test_other_writers_conditions_and_fields_survive() -> None:

@@ -8,6 +8,7 @@ rendered children).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self
 
@@ -152,6 +153,10 @@ class SecretKeyRef(ApiModel):
     )
 
 
+# Source: metav1.Condition in k8s.io/apimachinery/pkg/apis/meta/v1/types.go,
+# ``+kubebuilder:validation:MaxLength=32768`` on Message: the most a condition message may hold.
+MAX_CONDITION_MESSAGE = 32768
+
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -171,7 +176,9 @@ class Condition(ApiModel):
         description="Programmatic identifier (CamelCase) of the reason for the last transition.",
     )
     message: str = Field(
-        default="", max_length=32768, description="Human-readable details about the last transition."
+        default="",
+        max_length=MAX_CONDITION_MESSAGE,
+        description="Human-readable details about the last transition.",
     )
     last_transition_time: str = Field(
         description="When the condition last changed status (RFC 3339).",
@@ -184,22 +191,58 @@ class Condition(ApiModel):
     )
 
 
-def rfc3339(moment: datetime | None = None) -> str:
-    """A timestamp as Kubernetes writes them: UTC, seconds precision, trailing Z."""
-    value = (moment or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+Moment = datetime | float
+"""A point in time: an aware datetime, or seconds since the epoch."""
+
+
+def rfc3339(moment: Moment | None = None) -> str:
+    """A timestamp as Kubernetes writes them: UTC, seconds precision, trailing Z (now when None)."""
+    if moment is None:
+        value = datetime.now(UTC)
+    elif isinstance(moment, datetime):
+        value = moment.astimezone(UTC)
+    else:
+        value = datetime.fromtimestamp(moment, tz=UTC)
+    return value.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(value: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 timestamp; None when absent or unparseable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, marked with an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def condition_status(value: bool | ConditionStatus) -> ConditionStatus:
+    """A condition's status from a bool (True/False) or the API's own spelling."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return value
 
 
 def set_condition(
-    conditions: list[Condition],
+    conditions: Sequence[Condition],
     type_: str,
-    status: ConditionStatus,
+    status: bool | ConditionStatus,
     reason: str,
     message: str,
     observed_generation: int | None = None,
-    now: datetime | None = None,
+    now: Moment | None = None,
 ) -> list[Condition]:
-    """Return ``conditions`` with ``type_`` set; lastTransitionTime changes only when the status does."""
+    """Return ``conditions`` with ``type_`` set in place (appended when new); lastTransitionTime changes
+    only when the status does. The message is cut to what the API allows."""
+    value = condition_status(status)
     result: list[Condition] = []
     found = False
     for cond in conditions:
@@ -207,29 +250,52 @@ def set_condition(
             result.append(cond)
             continue
         found = True
-        changed = cond.status != status
-        result.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=rfc3339(now) if changed else cond.last_transition_time,
-                observed_generation=observed_generation,
-            )
-        )
+        result.append(_condition(type_, value, reason, message, observed_generation, now, cond))
     if not found:
-        result.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=rfc3339(now),
-                observed_generation=observed_generation,
-            )
-        )
+        result.append(_condition(type_, value, reason, message, observed_generation, now, None))
     return result
+
+
+def _condition(
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None,
+    now: Moment | None,
+    previous: Condition | None,
+) -> Condition:
+    kept = previous is not None and previous.status == status
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=shorten(message, MAX_CONDITION_MESSAGE),
+        last_transition_time=previous.last_transition_time if previous and kept else rfc3339(now),
+        observed_generation=observed_generation,
+    )
+
+
+def set_api_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None = None,
+    now: Moment | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`set_condition` over conditions as the API server serves them (dicts, camelCase): the
+    condition ``type_`` is rebuilt as a :class:`Condition`; the others are kept exactly as they are."""
+    previous = next((c for c in conditions if c.get("type") == type_), None)
+    try:
+        known = [Condition.model_validate(dict(previous))] if previous is not None else []
+    except ValidationError:  # a garbled entry is replaced, its transition time with it
+        known = []
+    (updated,) = set_condition(known, type_, status, reason, message, observed_generation, now)
+    entry = updated.to_api()
+    result = [entry if c.get("type") == type_ else dict(c) for c in conditions]
+    return result if previous is not None else [*result, entry]
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:

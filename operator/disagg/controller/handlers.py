@@ -23,21 +23,11 @@ from disagg.controller.gate import ReconcileGate
 from disagg.controller.reconcile import FULL, SKIP, Key, Reconciler, TransientError
 from disagg.controller.settings import ControllerSettings
 from disagg.k8s.apply import controller_owner
+from disagg.k8s.client import CHILD_KINDS, DISAGG_DEPLOYMENT
 
-GROUP, VERSION, PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
-OWNER_KIND = "DisaggregatedDeployment"
-# (group, version, plural) of every kind the renderer produces; their events lead back to the owner.
-CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("", "v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("batch", "v1", "jobs"),
-    ("", "v1", "persistentvolumeclaims"),
-)
+GROUP, VERSION, PLURAL = DISAGG_DEPLOYMENT.resource
+# (group, version, plural) of every kind the renderer may produce; their events lead back to the owner.
+CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = tuple(kind.resource for kind in CHILD_KINDS)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +59,7 @@ class ReconcileContext:
 
 def owner_key(body: Mapping[str, Any]) -> Key | None:
     """(namespace, name) of the DisaggregatedDeployment that controls this object, if one does."""
-    return controller_owner(body, OWNER_KIND, GROUP)
+    return controller_owner(body, DISAGG_DEPLOYMENT.kind, GROUP)
 
 
 def is_controlled_child(body: Mapping[str, Any], **_: Any) -> bool:

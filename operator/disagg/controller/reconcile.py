@@ -24,7 +24,7 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.controller.metrics import ControllerMetrics
 from disagg.controller.modelcache import MODEL_CACHED, ModelCacheState, gated_replicas, model_cache_state
 from disagg.controller.settings import ControllerSettings
-from disagg.controller.status import Problem, RoleState, build_status, rfc3339, role_state, status_differs
+from disagg.controller.status import Problem, RoleState, build_status, role_state, status_differs
 from disagg.k8s.apply import (
     ApplyError,
     ApplyResult,
@@ -395,7 +395,7 @@ class Reconciler:
                 return False
             current = current_obj.get("status") or {}
             new = build_status(
-                current, generation, roles, endpoint, problem, rfc3339(self.clock()), model_cached
+                current, generation, roles, endpoint, problem, self.clock(), model_cached
             )
             if not status_differs(current, new):
                 return False

@@ -7,11 +7,11 @@ Source: https://github.com/kubernetes/community/blob/master/contributors/devel/s
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from disagg.api.common import Moment, set_api_condition
 from disagg.api.deployment import RoleStatus, RouterStatus, format_ratio
 
 ROLES = ("prefill", "decode", "router")
@@ -38,10 +38,6 @@ class Problem:
     reason: str  # CamelCase, e.g. InvalidSpec, RenderFailed, ApplyFailed
     message: str
     transient: bool = False
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _int(value: Any) -> int:
@@ -81,27 +77,11 @@ def set_condition(
     reason: str,
     message: str,
     generation: int,
-    now: str,
+    now: Moment,
 ) -> list[dict[str, Any]]:
-    """The conditions with ``type_`` set; its lastTransitionTime kept unless its status flips."""
-    value = "True" if status else "False"
-    previous = next((c for c in conditions if c.get("type") == type_), None)
-    transition = (
-        previous["lastTransitionTime"]
-        if previous is not None and previous.get("status") == value and previous.get("lastTransitionTime")
-        else now
-    )
-    updated = {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": transition,
-        "observedGeneration": generation,
-    }
-    out = [dict(c) for c in conditions if c.get("type") != type_]
-    out.append(updated)
-    return sorted(out, key=lambda c: str(c.get("type")))
+    """The conditions with ``type_`` set (:func:`disagg.api.common.set_api_condition`), sorted by type."""
+    updated = set_api_condition(conditions, type_, status, reason, message, generation, now)
+    return sorted(updated, key=lambda c: str(c.get("type")))
 
 
 def _role_summary(name: str, state: RoleState | None) -> str:
@@ -116,7 +96,7 @@ def build_status(
     roles: Mapping[str, RoleState | None],
     router_endpoint: str | None,
     problem: Problem | None,
-    now: str,
+    now: Moment,
     model_cached: tuple[bool, str, str] | None = None,
 ) -> dict[str, Any]:
     """The new status: everything the reconciler owns, merged over ``current`` (other writers' keys kept).

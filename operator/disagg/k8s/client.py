@@ -18,6 +18,10 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from disagg.api import deployment as deployment_api
+from disagg.api import ratiopolicy as ratiopolicy_api
+from disagg.api.common import GROUP_VERSION
+
 JsonDict = dict[str, Any]
 
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is valid YAML
@@ -32,6 +36,20 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool = True
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def resource(self) -> tuple[str, str, str]:
+        """(group, version, plural): how kopf and the dynamic clients name the resource."""
+        return self.group, self.version, self.plural
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
         group_version = self.api_version
@@ -60,10 +78,13 @@ EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
 JOB = Kind("batch/v1", "Job", "jobs")  # the model cache's download Job
 PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")  # the model cache's claim
-DISAGG_DEPLOYMENT = Kind("disagg.dev/v1alpha1", "DisaggregatedDeployment", "disaggregateddeployments")
+# The operator's own kinds, named where their models are (disagg.api).
+DISAGG_DEPLOYMENT = Kind(GROUP_VERSION, deployment_api.KIND, deployment_api.PLURAL)
+RATIO_POLICY = Kind(GROUP_VERSION, ratiopolicy_api.KIND, ratiopolicy_api.PLURAL)
 CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False)
 
-# The kinds the renderer may produce, hence the kinds the pruner looks at (and nothing else).
+# The kinds the renderer may produce, hence the kinds the pruner looks at and the operator watches for
+# drift (and nothing else); the chart's RBAC grants exactly these.
 CHILD_KINDS: tuple[Kind, ...] = (
     DEPLOYMENT,
     STATEFULSET,

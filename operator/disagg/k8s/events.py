@@ -9,17 +9,16 @@ from typing import Any, Literal
 
 from kubernetes.client.exceptions import ApiException
 
+from disagg.api.common import rfc3339, shorten
 from disagg.k8s.client import EVENT, JsonDict, KubeApi
 
 EventType = Literal["Normal", "Warning"]
 COMPONENT = "disagg-operator"
-MAX_MESSAGE = 1024  # the API server rejects longer Event messages
+# Source: NoteLengthLimit = 1024 in k8s.io/kubernetes/pkg/apis/core/validation/events.go (the API server's
+# limit on an Event's note/message; kube-scheduler cuts its Event messages to it the same way).
+MAX_EVENT_MESSAGE = 1024
 
 log = logging.getLogger(__name__)
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_event(
@@ -32,9 +31,8 @@ def build_event(
 ) -> JsonDict:
     """A core/v1 Event about ``involved`` (a whole object dict)."""
     metadata = involved["metadata"]
-    stamp = rfc3339(now or dt.datetime.now(dt.UTC))
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 3] + "..."
+    stamp = rfc3339(now)
+    message = shorten(message, MAX_EVENT_MESSAGE)
     return {
         "apiVersion": "v1",
         "kind": "Event",
