@@ -220,11 +220,15 @@ def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
     }
 
 
+# The C library the interpreter runs on (glibc, musl, ...), loaded here rather than between fork and exec,
+# where dlopen could wait on a lock another thread of the parent held.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def kill_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """preexec_fn: the kernel sends SIGKILL to the child when the thread that forked it exits."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    _LIBC.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def spawn_logged(
@@ -266,13 +270,22 @@ def stop_process_group(process: subprocess.Popen[bytes] | None, timeout_s: float
         process.wait()
 
 
-def _pid_alive(pid: int, binary: Path | None = None) -> bool:
+# /proc/<pid>/stat states of a process that has exited: its parent has not reaped it yet (a zombie, e.g. a
+# component whose `disagg cluster up` is gone, under a PID 1 that does not reap orphans) or is reaping it
+_EXITED_STATES = frozenset("ZX")
+
+
+def process_running(pid: int, binary: Path | None = None) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie is dead, whatever its parent does),
+    and, with ``binary``, runs that program (so a recycled pid is not taken for a component)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if binary is not None else []
     except OSError:
         return False
-    if ") Z " in stat:  # a zombie is not running
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ')'
+    fields = stat[stat.rfind(")") + 1 :].split()
+    if not fields or fields[0] in _EXITED_STATES:
         return False
     return binary is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == str(binary))
 
@@ -379,7 +392,9 @@ class LocalCluster:
             pid = self._read_pid(name)
             binary = Path(state["binaries"][name]) if state and name in state.get("binaries", {}) else None
             components.append(
-                ComponentStatus(name, pid, pid is not None and _pid_alive(pid, binary), self.log_path(name))
+                ComponentStatus(
+                    name, pid, pid is not None and process_running(pid, binary), self.log_path(name)
+                )
             )
         info = self._info_from_state(state) if state else None
         ready, ready_nodes, total = False, 0, 0
@@ -473,16 +488,16 @@ class LocalCluster:
         for name in reversed(COMPONENTS):
             pid = self._read_pid(name)
             binary = Path(binaries[name]) if name in binaries else None
-            if pid is not None and _pid_alive(pid, binary):
+            if pid is not None and process_running(pid, binary):
                 targets.append((name, pid))
         for _, pid in targets:
             self._signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.settings.stop_timeout_s
         for _, pid in targets:
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while process_running(pid) and time.monotonic() < deadline:
                 self._reap(pid)
                 time.sleep(0.05)
-            if _pid_alive(pid):
+            if process_running(pid):
                 self._signal(pid, signal.SIGKILL)
             self._reap(pid)
         for name in COMPONENTS:
@@ -778,7 +793,7 @@ def _cluster_alive(state_dir: Path) -> bool:
             pid = int((pids / f"{component}.pid").read_text().strip())
         except (OSError, ValueError):
             continue
-        if _pid_alive(pid):
+        if process_running(pid):
             return True
     return False
 
