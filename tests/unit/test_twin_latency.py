@@ -97,23 +97,29 @@ def test_shipped_coefficients_are_reproducible_from_the_calibration_data(tmp_pat
     out = tmp_path / "coefficients.yaml"
     assert calibrate_main(["--calibration", str(shared), "--out", str(out)]) == 0
     shipped = PROFILES_DIR / "coefficients.yaml"
-    # equal to the last few bits: the least-squares fits round differently with another numpy/BLAS build
-    # (seen: 8.897082467543456e-06 vs 8.897082466319262e-06), which is not a different calibration
+    # equal but for rounding: the least-squares fits come out differently with another numpy/BLAS build or
+    # CPU (seen: 8.897082467543456e-06 vs 8.897082466319262e-06; the H200 decode fit is ill-conditioned, a
+    # QR solve instead of LAPACK's SVD moves it by 9e-10 relative), which is not a different calibration
     assert_close(yaml.safe_load(out.read_text()), yaml.safe_load(shipped.read_text()), "coefficients")
 
 
-def assert_close(got: object, want: object, path: str) -> None:
-    """Equal structure and strings; numbers equal to a relative 1e-9."""
+# Tables calibrate.py rounds to 5 decimals: a fit that differs in its last bits may round the other way
+ROUNDED_5 = frozenset({"layers_ms", "allreduce_ms", "lm_head_ms"})
+
+
+def assert_close(got: object, want: object, path: str, rounded: bool = False) -> None:
+    """Equal structure and strings; numbers equal to a relative 1e-6 (a changed table or method moves them
+    by percents), or to one unit of the last decimal kept where calibrate.py rounds (``rounded``)."""
     if isinstance(want, dict):
         assert isinstance(got, dict) and set(got) == set(want), path
         for key in want:
-            assert_close(got[key], want[key], f"{path}.{key}")
+            assert_close(got[key], want[key], f"{path}.{key}", key in ROUNDED_5)
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), path
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_close(g, w, f"{path}[{i}]")
+            assert_close(g, w, f"{path}[{i}]", rounded)
     elif isinstance(want, float) or isinstance(got, float):
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-15), path
+        assert got == pytest.approx(want, rel=1e-6, abs=1.0001e-5 if rounded else 1e-15), path
     else:
         assert got == want, path
 
