@@ -20,9 +20,9 @@ venv: $(BIN)/disagg
 test: venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-## make unit: the tests that need no control plane
+## make unit: the tests that need no control plane, less the slow ones (marked slow: they run in make test)
 unit: venv
-	$(BIN)/pytest -m "not integration and not e2e" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not integration and not e2e and not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check operator tests bench
