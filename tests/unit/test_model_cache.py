@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from disagg.twin.traffic import LengthDist, Request, poisson
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_ID = "meta-llama/Llama-3.1-70B-Instruct"
-T0 = "2026-01-01T00:00:00Z"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def crd_schema() -> dict[str, Any]:
@@ -386,6 +387,8 @@ def test_a_cached_deployment_serves_a_step_in_load_sooner_in_the_simulator() -> 
     for cached in (True, False):
         spec = doc(CREATE if cached else None)
         spec["spec"]["prefill"]["replicas"] = 1
+        # the scale-up lies within the autoscaling bounds (without them the pools hold the spec's replicas)
+        spec["spec"]["autoscaling"] = {"prefill": {"minReplicas": 1, "maxReplicas": 4}}
         deployment = SimDeployment.from_dict(spec)
         result = simulate(deployment, low + high, controller=ScaleUpAt(60.0), interval_s=30.0)
         ready_at = min(t for t, d in result.replicas if d["prefill"][1] == 3)

@@ -720,8 +720,16 @@ class DisaggregatedDeploymentSpec(ApiModel):
         return self.prefill if role == "prefill" else self.decode
 
     def min_replicas(self, role: RoleName) -> int:
+        return self.replica_bounds(role).min_replicas
+
+    def replica_bounds(self, role: RoleName) -> ReplicaBounds:
+        """The replicas autoscaling may give ``role``: spec.autoscaling.<role>, or when that is unset the
+        spec's replicas alone (at least one as the most, so a pool at 0 may be started)."""
         bounds = self.autoscaling.bounds(role) if self.autoscaling else None
-        return bounds.min_replicas if bounds else self.role(role).replicas
+        if bounds is not None:
+            return bounds
+        replicas = self.role(role).replicas
+        return ReplicaBounds(min_replicas=replicas, max_replicas=max(replicas, 1))
 
 
 # ----------------------------------------------------------------------------------------------- status

@@ -29,8 +29,11 @@ from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
     """Replicas per role the reconciler applies.
 
-    status.autoscaling.desiredReplicas clamped to spec.autoscaling.<role> bounds when autoscaling is
-    enabled, its mode is active and that field exists; spec.<role>.replicas otherwise.
+    status.autoscaling.desiredReplicas clamped to the role's replica bounds (spec.autoscaling.<role>, or
+    the spec's replicas when unset: :meth:`DisaggregatedDeploymentSpec.replica_bounds`, the same bounds
+    the policy decides within, so a target decided under bounds since narrowed is not applied beyond
+    them) when autoscaling is enabled, its mode is active and that field exists; spec.<role>.replicas
+    otherwise.
     """
     spec = dd.spec
     result: dict[str, int] = {role: spec.role(role).replicas for role in ROLE_NAMES}
@@ -43,8 +46,7 @@ def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
         return result
     for role in ROLE_NAMES:
         value = desired.prefill if role == "prefill" else desired.decode
-        bounds = auto.bounds(role)
-        result[role] = bounds.clamp(value) if bounds else value
+        result[role] = spec.replica_bounds(role).clamp(value)  # the bounds the policy decided within
     return result
 
 

@@ -86,15 +86,13 @@ def load_policy(path: Path) -> Any:
 
 
 def policy_controller(spec: Any, dep: SimDeployment) -> Controller:
-    """Run ``disagg.policy.decide`` in the loop, carrying its state; advisory decisions are not applied."""
-    from disagg.policy import Bounds, PolicyState, RoleBounds, ServingProfile, decide
+    """Run ``disagg.policy.decide`` in the loop, carrying its state; advisory decisions are not applied.
 
-    assert dep.prefill is not None and dep.decode is not None
-    bounds = Bounds(
-        prefill=RoleBounds(dep.prefill.min_replicas, dep.prefill.max_replicas, dep.prefill.tp),
-        decode=RoleBounds(dep.decode.min_replicas, dep.decode.max_replicas, dep.decode.tp),
-        profile=ServingProfile(dep.model, dep.gpu, dep.prefill.tp, dep.decode.tp, dep.dtype),
-    )
+    The policy decides within :meth:`SimDeployment.policy_bounds`: for a DisaggregatedDeployment the
+    bounds the operator reads from the same object (:func:`disagg.policy.bounds.bounds_for`)."""
+    from disagg.policy import PolicyState, decide
+
+    bounds = dep.policy_bounds()
     state = PolicyState()
 
     def control(obs: Any) -> dict[str, int] | None:

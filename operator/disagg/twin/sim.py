@@ -34,9 +34,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from disagg.api.deployment import DisaggregatedDeployment
 from disagg.perf.latency import LatencyModel, load_latency_model
-from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s
-from disagg.policy.types import MISSING, Measured, Observation, RoleObservation
+from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
+from disagg.policy.bounds import bounds_for
+from disagg.policy.types import (
+    MISSING,
+    Bounds,
+    Measured,
+    Observation,
+    Role,
+    RoleBounds,
+    RoleObservation,
+    ServingProfile,
+)
 from disagg.twin.engine import (
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
@@ -90,6 +101,10 @@ class SimDeployment:
     request_overhead_s: float | None = None  # front-end delay before the engine queue; None: profile's
     prefix_caching: bool = True  # vLLM V1 default; only requests carrying prefix hashes can hit
     name: str = "twin"
+    max_gpus: int | None = None  # GPU budget of both pools (a DisaggregatedDeployment's maxGPUs)
+    # the replica start-up the policy plans with: a DisaggregatedDeployment's estimate from its spec, as
+    # the operator's before any pod is Ready; None (a twin document): the policy plans over its lookahead
+    planned_startup_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode == "pd" and (self.prefill is None or self.decode is None):
@@ -119,13 +134,68 @@ class SimDeployment:
         spec = replace(self.decode, replicas=max(1, self.gpus // tp), max_replicas=1000, min_replicas=1)
         return replace(self, mode="colocated", colocated=spec, prefill=None, decode=None)
 
+    def policy_bounds(self) -> Bounds:
+        """The bounds the ratio policy decides within: the pools' replica ranges and TP, the GPU budget,
+        the serving profile and the planned start-up (for a DisaggregatedDeployment, exactly
+        :func:`disagg.policy.bounds.bounds_for` of it: what the operator decides within)."""
+        if self.prefill is None or self.decode is None:
+            raise ValueError("policy bounds: the ratio policy needs a P/D deployment")
+
+        def role(pool: PoolSpec) -> RoleBounds:
+            return RoleBounds(pool.min_replicas, pool.max_replicas, pool.tp, self.planned_startup_s)
+
+        profile = ServingProfile(self.model, self.gpu, self.prefill.tp, self.decode.tp, self.dtype)
+        return Bounds(role(self.prefill), role(self.decode), self.max_gpus, profile)
+
+    @staticmethod
+    def from_model(
+        dd: DisaggregatedDeployment, startup: StartupAssumptions = DEFAULT_ASSUMPTIONS
+    ) -> SimDeployment:
+        """The twin deployment of a validated DisaggregatedDeployment: pools, bounds, GPU budget and
+        profile from :func:`disagg.policy.bounds.bounds_for`, engine limits and the KV cache dtype from
+        the engine arguments, and the replica start-up its spec implies (weights cached on a volume or
+        downloaded, under the ``startup`` assumptions; a model without a profile keeps the default)."""
+        spec = dd.spec
+        bounds = bounds_for(dd, assumptions=startup)
+        profile = bounds.profile
+        assert profile is not None  # bounds_for always reads the profile of a DisaggregatedDeployment
+
+        def pool(role: Role) -> PoolSpec:
+            args = [*spec.engine.args, *spec.role(role).args]
+            rb = bounds.role(role)
+            return PoolSpec(
+                replicas=spec.role(role).replicas,
+                tp=rb.gpus_per_replica,
+                max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
+                max_num_batched_tokens=_engine_arg(
+                    args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS
+                ),
+                min_replicas=rb.min_replicas,
+                max_replicas=rb.max_replicas,
+            )
+
+        # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
+        kv = _engine_flag([*spec.engine.args, *spec.prefill.args, *spec.decode.args], "--kv-cache-dtype")
+        planned = bounds.prefill.startup_seconds
+        return SimDeployment(
+            model=profile.model,
+            gpu=profile.gpu,
+            dtype=profile.dtype,
+            kv_dtype="fp8" if (kv or "auto").startswith("fp8") else "bf16",
+            prefill=pool("prefill"),
+            decode=pool("decode"),
+            startup_delay_s=planned if planned is not None else SimDeployment.startup_delay_s,
+            name=dd.name or "twin",
+            max_gpus=bounds.max_gpus,
+            planned_startup_s=planned,
+        )
+
     @staticmethod
     def from_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
-        """A small twin deployment document, or a DisaggregatedDeployment object (kind set), whose
-        ``startup_delay_s`` then comes from its spec (weights cached on a volume or downloaded, under the
-        ``startup`` assumptions)."""
-        if obj.get("kind") == "DisaggregatedDeployment":
-            return _from_dd_dict(obj, startup)
+        """A small twin deployment document, or a DisaggregatedDeployment object (kind set: validated,
+        then :meth:`from_model`)."""
+        if obj.get("kind") == DisaggregatedDeployment.model_fields["kind"].default:
+            return SimDeployment.from_model(DisaggregatedDeployment.model_validate(dict(obj)), startup)
         try:
             pools: dict[str, Any] = {
                 k: PoolSpec(**v) for k, v in obj.items() if k in ("prefill", "decode", "colocated") and v
@@ -150,15 +220,6 @@ class SimDeployment:
         return SimDeployment.from_dict(docs[0])
 
 
-def _get(obj: Mapping[str, Any], *path: str, default: Any = None) -> Any:
-    cur: Any = obj
-    for p in path:
-        if not isinstance(cur, Mapping) or p not in cur:
-            return default
-        cur = cur[p]
-    return cur
-
-
 def _engine_flag(args: Sequence[str], flag: str) -> str | None:
     """The string value of ``--flag V`` or ``--flag=V`` (the last one wins), or None."""
     value = None
@@ -179,74 +240,6 @@ def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
         elif a.startswith(flag + "="):
             value = int(a.split("=", 1)[1])
     return value
-
-
-def _from_dd_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
-    """Model, GPU, TP, replicas and replica start-up delay of a DisaggregatedDeployment (validated by
-    disagg.api when present). The start-up delay is :func:`disagg.perf.startup.spec_startup_delay_s`:
-    spec.model.cache (or a pvc source) loads from the volume, otherwise every replica downloads first;
-    a model the twin has no profile of keeps SimDeployment's default."""
-    try:
-        from disagg.api.deployment import DisaggregatedDeployment
-
-        DisaggregatedDeployment.model_validate(dict(obj))
-    except ImportError:  # the API package is optional for the twin
-        pass
-    spec = _get(obj, "spec", default={})
-    model = _get(spec, "model", "name") or _get(spec, "model")
-    if not isinstance(model, str):
-        raise ValueError("spec.model.name: a DisaggregatedDeployment needs a model name for the twin")
-
-    def pool(role: str) -> PoolSpec:
-        r = _get(spec, role, default={}) or {}
-        tp = int(
-            _get(r, "tensorParallelSize") or _get(r, "tp") or _get(spec, "model", "tensorParallelSize") or 1
-        )
-        gpus = _get(r, "resources", "gpus") or _get(r, "gpus")
-        if gpus and not _get(r, "tensorParallelSize"):
-            tp = int(gpus)
-        args = [str(a) for a in (_get(spec, "engine", "args", default=[]) or []) + (_get(r, "args") or [])]
-        return PoolSpec(
-            replicas=int(_get(r, "replicas", default=1)),
-            tp=tp,
-            max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
-            max_num_batched_tokens=_engine_arg(args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS),
-            min_replicas=int(_get(spec, "autoscaling", role, "minReplicas", default=1)),
-            max_replicas=int(_get(spec, "autoscaling", role, "maxReplicas", default=1000)),
-        )
-
-    gpu = (
-        _get(spec, "decode", "nodeSelector", "disagg.dev/gpu-type")
-        or _get(spec, "decode", "nodeSelector", "nvidia.com/gpu.product")
-        or _get(spec, "prefill", "nodeSelector", "disagg.dev/gpu-type")
-        or _get(spec, "prefill", "nodeSelector", "nvidia.com/gpu.product")
-        or "h100"
-    )
-    dtype = _get(spec, "model", "dtype") or _get(spec, "model", "quantization") or "bf16"
-    name = _get(obj, "metadata", "name", default="twin")
-    # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
-    engine_args = [
-        str(a)
-        for a in (_get(spec, "engine", "args", default=[]) or [])
-        + (_get(spec, "prefill", "args") or [])
-        + (_get(spec, "decode", "args") or [])
-    ]
-    kv = _engine_flag(engine_args, "--kv-cache-dtype") or "auto"
-    weight_dtype = "fp8" if str(dtype).lower() == "fp8" else "bf16"
-    try:
-        delay = spec_startup_delay_s(spec, weight_dtype, startup)
-    except ValueError:  # no twin profile of the model: the simulator itself will say so
-        delay = SimDeployment.startup_delay_s
-    return SimDeployment(
-        model=model,
-        gpu=str(gpu),
-        dtype=weight_dtype,
-        kv_dtype="fp8" if kv.startswith("fp8") else "bf16",
-        prefill=pool("prefill"),
-        decode=pool("decode"),
-        startup_delay_s=delay,
-        name=str(name),
-    )
 
 
 # --- measurement helpers -------------------------------------------------------------------------------
