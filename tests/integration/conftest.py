@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from disagg.api.crd import all_crds
+from disagg.cluster.local import free_ports
 from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, JOB, MERGE_PATCH, POD, JsonDict, Kind, KubeApi
@@ -88,12 +88,6 @@ class OperatorProcess:
             self.process.wait(STOP_TIMEOUT_S)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def kube(k8s_api: Any) -> KubeApi:
     """The operator's own JSON client on the session cluster."""
@@ -123,7 +117,7 @@ def crds(kube: KubeApi) -> list[str]:
 def _start_operator(
     kubeconfig: Path, namespace: str, log_path: Path, extra_args: Sequence[str]
 ) -> OperatorProcess:
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_ports(2)  # held together: two distinct ports
     disagg = Path(sys.executable).parent / "disagg"
     command = [
         str(disagg),

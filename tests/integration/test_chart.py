@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -36,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.binaries import ensure_binary
-from disagg.cluster.local import ClusterInfo
+from disagg.cluster.local import ClusterInfo, free_ports
 from disagg.cluster.wait import wait_for
 from disagg.k8s.client import DISAGG_DEPLOYMENT
 from disagg.metrics.queries import TARGET_LABELS
@@ -374,13 +373,6 @@ def _sa_api(cluster: ClusterInfo, sa_kubeconfig: Path) -> client.ApiClient:
     return k8s_config.new_client_from_config(config_file=str(sa_kubeconfig))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def operator_args(namespaces: Sequence[str], peering: str | None, priority: int) -> list[str]:
     """`disagg run` flags, as the chart's Deployment passes them (templates/_helpers.tpl, disagg.args)."""
     args = [f"--namespace={ns}" for ns in namespaces]
@@ -436,7 +428,7 @@ def running_operator(
     kubeconfig: Path, args: Sequence[str], log: Path, identity: str
 ) -> Iterator[OperatorProcess]:
     """`disagg run ARGS` authenticated by ``kubeconfig``, with its probe and metrics on localhost."""
-    health_port, metrics_port = _free_port(), _free_port()
+    health_port, metrics_port = free_ports(2)  # held together: two distinct ports
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(log.parent),

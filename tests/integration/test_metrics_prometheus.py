@@ -8,6 +8,7 @@ engine port, and the relabelling finds them exactly as it finds engines on a rea
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
+from disagg.cluster.local import free_ports
 from disagg.metrics.prometheus import PrometheusSignals
 from disagg.policy.types import Observation, RoleObservation, SignalState
 
@@ -150,16 +152,15 @@ def test_quantiles_come_out_and_absent_series_are_missing(
 
 
 def test_unreachable_prometheus_is_missing_with_the_error_kept() -> None:
-    signals = PrometheusSignals("http://127.0.0.1:9", timeout_s=1.0)
-    obs, raw = signals.observe("vllm", "prod", "llama", POOLS, 90, 90, 60, now=0.0)
+    with socket.socket() as held:  # bound, never listening: connections to it are refused
+        held.bind(("127.0.0.1", 0))
+        signals = PrometheusSignals(f"http://127.0.0.1:{held.getsockname()[1]}", timeout_s=1.0)
+        obs, raw = signals.observe("vllm", "prod", "llama", POOLS, 90, 90, 60, now=0.0)
     assert obs.ttft.state is SignalState.MISSING and obs.decode.running.state is SignalState.MISSING
     assert raw.errors and all("Error" in e or "error" in e for e in raw.errors.values())
 
 
-ENGINE_PORT = 8000  # vLLM's
-
-
-def engine_pod(name: str, role: str, port: int = ENGINE_PORT) -> dict[str, Any]:
+def engine_pod(name: str, role: str, port: int) -> dict[str, Any]:
     """An engine pod as the renderer labels and annotates it; the in-test exposition listens on its IP."""
     return {
         "apiVersion": "v1",
@@ -198,8 +199,11 @@ def test_relabelling_finds_engine_pods_through_the_apiserver(
 
     core = client.CoreV1Api(k8s_api)
     roles = ("prefill", "decode")
+    # the engine port the pods declare: one no program holds on any address (vLLM's 8000 may be taken by a
+    # server on 0.0.0.0, which would keep the expositions off the pods' IPs)
+    (port,) = free_ports(1, host="0.0.0.0")
     for role in roles:
-        core.create_namespaced_pod(namespace, engine_pod(f"llama-{role}-0", role))
+        core.create_namespaced_pod(namespace, engine_pod(f"llama-{role}-0", role, port))
 
     def pod_ips() -> dict[str, str] | None:
         ips = {r: core.read_namespaced_pod(f"llama-{r}-0", namespace).status.pod_ip for r in roles}
@@ -207,7 +211,7 @@ def test_relabelling_finds_engine_pods_through_the_apiserver(
 
     ips = wait_for(pod_ips, what="kwok to give both pods an IP")
     assert len(set(ips.values())) == 2 and all(ip.startswith("127.") for ip in ips.values()), ips
-    engines = {role: Engine(ips[role], ENGINE_PORT) for role in roles}  # each on its pod's own IP
+    engines = {role: Engine(ips[role], port) for role in roles}  # each on its pod's own IP
     try:
         _observe_through_relabelling(kubeconfig, namespace, prometheus_factory, engines)
     finally:

@@ -139,13 +139,14 @@ def default_state_dir() -> Path:
     return BuildSettings().cache_root / "cluster-default"
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free TCP ports on ``host`` (bound together, then released). ``host="0.0.0.0"``
+    gives ports free on every local address, e.g. for a server on a kwok pod's own 127.x IP."""
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
             sockets.append(sock)
         return [s.getsockname()[1] for s in sockets]
     finally:
