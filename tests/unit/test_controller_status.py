@@ -160,24 +160,28 @@ def test_gate_folds_a_burst_into_one_follow_up_run() -> None:
     def slow() -> str:
         runs.append("first")
         started.set()
-        release.wait(5)
+        release.wait()  # however long the main thread takes (a loaded machine): set below, or in finally
         return "first"
 
     first = threading.Thread(target=gate.run, args=("k", 0, lambda level: slow()))
-    first.start()
-    started.wait(5)
     results: list[tuple[bool, object]] = []
     follow_up = threading.Thread(
         target=lambda: results.append(gate.run("k", 0, lambda level: runs.append(f"second at {level}")))
     )
-    follow_up.start()
-    # A third trigger while the follow-up is queued is folded into it, raising its level.
-    while not gate._slots["k"].waiting:
-        threading.Event().wait(0.001)
-    assert gate.run("k", 1, lambda level: runs.append("third")) == (False, None)
-    release.set()
-    first.join(5)
-    follow_up.join(5)
+    first.start()
+    try:
+        assert started.wait(60), "the first run never started"
+        follow_up.start()
+        # A third trigger while the follow-up is queued is folded into it, raising its level.
+        while not gate._slots["k"].waiting:
+            threading.Event().wait(0.001)
+        assert gate.run("k", 1, lambda level: runs.append("third")) == (False, None)
+    finally:
+        release.set()
+        first.join(60)
+        if follow_up.ident is not None:  # started
+            follow_up.join(60)
+    assert not first.is_alive() and not follow_up.is_alive()
     assert runs == ["first", "second at 1"]
     assert results and results[0][0] is True
 
