@@ -200,8 +200,10 @@ def test_closed_loop_moves_toward_prefill_and_recovers(closed_loop: ClosedLoop) 
     startups = closed_loop.scale_up_startups()
     print("scale-up start-up:", *startup_report(startups, estimates, settings.model_cache_claim), sep="\n  ")
     assert startups, timeline
-    for pod in startups:  # second-precision timestamps, the twin's watch and the annotation round trip
-        assert estimates.expected_s - 1.0 <= pod.seconds <= estimates.expected_s + 4.0, (pod, estimates)
+    # not Ready before the model loaded (less a second: second-precision timestamps); no upper bound, which
+    # would time the twin's watch and the annotation round trip on a loaded machine (speed: bench/)
+    for pod in startups:
+        assert pod.seconds >= estimates.expected_s - 1.0, (pod, estimates)
     planned = operator_startup(closed_loop.deployment())
     assert planned is not None and "prefill" in planned and "measured" in planned, planned
 

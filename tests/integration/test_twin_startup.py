@@ -125,8 +125,9 @@ def test_a_held_pod_turns_ready_when_the_twin_has_loaded_the_model_for_the_specs
             print(
                 f"start-up: {startup.ready_since - startup.created:.0f} s measured, {expected:.2f} s expected"
             )
-            # second-precision timestamps, plus the watch and patch round trips
-            assert expected - 1.0 <= startup.ready_since - startup.created <= expected + 3.0
+            # not Ready before the model loaded (less a second: second-precision timestamps); no upper bound,
+            # which would time the watch and patch round trips on a loaded machine (speed: bench/)
+            assert startup.ready_since - startup.created >= expected - 1.0
         finally:
             await follower.stop()
             await pool.close()
