@@ -20,11 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from disagg.cluster.binaries import BinaryError, ensure_all
 from disagg.cluster.local import ClusterError, ClusterInfo, ClusterSettings, LocalCluster
 from disagg.cluster.prometheus import PrometheusProcess, PrometheusSettings, start_prometheus
 from disagg.cluster.wait import wait_for
+
+# Property tests judge behaviour, not speed: no per-example deadline and no health check on slow example
+# generation, either of which a loaded machine trips (no timed assertions in tests; speed is bench/'s)
+settings.register_profile("disagg", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("disagg")
 
 CONTROL_PLANE_PROGRAMS = (
     "etcd",
