@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg.api.deployment import DisaggregatedDeployment
-from disagg.cluster.local import LocalCluster, default_state_dir
+from disagg.cluster.local import LocalCluster, default_state_dir, free_ports
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import (
     CHILD_KINDS,
@@ -76,16 +75,9 @@ def tiny_deployment(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_operator(
-    kubeconfig: Path, namespace: str, log_path: Path, timeout_s: float, metrics_port: int
+    kubeconfig: Path, namespace: str, log_path: Path, timeout_s: float, port: int, metrics_port: int
 ) -> subprocess.Popen[bytes]:
-    port = free_port()
     command = [
         str(Path(sys.executable).parent / "disagg"),
         "run",
@@ -207,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     namespace = f"bench-apply-{uuid.uuid4().hex[:6]}"
     kube.create(NAMESPACE, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     log_path = Path(tempfile.mkdtemp(prefix="disagg-bench-")) / "operator.log"
-    metrics_port = free_port()
+    port, metrics_port = free_ports(2)  # held together: two distinct ports
     operator = start_operator(
-        info.kubeconfig, namespace, log_path, settings.operator_start_timeout_s, metrics_port
+        info.kubeconfig, namespace, log_path, settings.operator_start_timeout_s, port, metrics_port
     )
     try:
         samples = [measure_one(kube, namespace, f"bench-{i}", settings) for i in range(settings.applies)]
