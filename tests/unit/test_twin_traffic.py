@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,28 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [(374, 44), (396, 109), (879, 1)]
     assert reqs[0].arrival_s == 0.0
     assert reqs[1].arrival_s == pytest.approx(50.9951690 - 46.6805900, abs=1e-6)
+
+
+def test_azure_times_do_not_depend_on_the_machines_time_zone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 01:59:59 and 02:00:01 on 2023-11-05 are 3602 s apart in Los Angeles local time (it falls back at 02:00)
+    trace = write(
+        tmp_path,
+        "dst.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-05 01:59:59.0000000,10,1\n2023-11-05 02:00:01.0000000,10,1\n",
+    )
+    gaps: dict[str, list[float]] = {}
+    try:
+        for zone in ("UTC", "America/Los_Angeles"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            gaps[zone] = [r.arrival_s for r in load_trace(trace)]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert gaps["UTC"] == gaps["America/Los_Angeles"] == [0.0, 2.0]
 
 
 def test_mooncake_jsonl_sorted_relative_milliseconds(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +43,11 @@ def _relative(reqs: Iterable[Request]) -> list[Request]:
 
 
 def _parse_azure_time(text: str) -> float:
-    # Seven fractional digits: keep microseconds for datetime.
+    # Seven fractional digits: keep microseconds for datetime. The trace's clock has no zone; read it as UTC,
+    # not as the machine's local time (where a daylight-saving change inside the trace would move arrivals
+    # by an hour, and the epoch offset the last bits of every gap)
     head, _, frac = text.strip().partition(".")
-    dt = datetime.fromisoformat(head)
+    dt = datetime.fromisoformat(head).replace(tzinfo=UTC)
     return dt.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
