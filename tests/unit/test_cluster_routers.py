@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from pathlib import Path
 
@@ -34,6 +35,14 @@ def test_concurrent_clusters_claim_distinct_pod_cidrs(tmp_path: Path) -> None:
     stale = tmp_path / "stale"
     assert claim_loopback_pod_cidr(stale, tmp_path / "cache2") == loopback_pod_cidr(64)
     assert claim_loopback_pod_cidr(tmp_path / "new", tmp_path / "cache2") == loopback_pod_cidr(64)
+    # ... and so is one whose recorded pid now runs another program than the kwok its state names
+    recycled = tmp_path / "recycled"
+    (recycled / "pids").mkdir(parents=True)
+    (recycled / "pids" / "kwok.pid").write_text(f"{os.getpid()}\n")
+    (recycled / "state.json").write_text(json.dumps({"binaries": {"kwok": "/nonexistent/kwok"}}))
+    cache3 = tmp_path / "cache3"
+    assert claim_loopback_pod_cidr(recycled, cache3) == loopback_pod_cidr(64)
+    assert claim_loopback_pod_cidr(tmp_path / "next", cache3) == loopback_pod_cidr(64)
 
 
 def test_rendered_router_commands_run_locally_on_loopback() -> None:

@@ -787,14 +787,14 @@ def claim_loopback_pod_cidr(state_dir: Path, cache_root: Path, prefer: str | Non
 
 
 def _cluster_alive(state_dir: Path) -> bool:
-    """Whether the cluster of another state directory still runs (its kwok or API server is alive)."""
-    pids = state_dir / "pids"
+    """Whether the cluster of another state directory still runs (its kwok or API server is alive, running
+    the program its state recorded: a pid recycled since by another program does not count)."""
+    lc = LocalCluster(state_dir=state_dir)
+    binaries = (lc._read_state() or {}).get("binaries", {})
     for component in ("kwok", "kube-apiserver"):
-        try:
-            pid = int((pids / f"{component}.pid").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if process_running(pid):
+        pid = lc._read_pid(component)
+        binary = Path(binaries[component]) if component in binaries else None
+        if pid is not None and process_running(pid, binary):
             return True
     return False
 
