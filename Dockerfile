@@ -17,6 +17,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --gid 65532 disagg \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin disagg
 COPY --from=build /wheels /wheels
+# The core only: the twin extra (disagg[twin]: simulator, live twin, local cluster, demo) stays out.
 RUN pip install --no-cache-dir --no-index --find-links /wheels disagg && rm -rf /wheels
 # The CRDs the image's `disagg crds --check` compares against (and that a user can apply from the image).
 COPY crds/ /opt/disagg/crds/

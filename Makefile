@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(BIN)/disagg: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,twin]'
 	@touch $(BIN)/disagg
 
 venv: $(BIN)/disagg
@@ -28,6 +28,7 @@ lint: venv
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## make crds: regenerate crds/ from the API models and copy them into the chart
 crds: venv

@@ -12,17 +12,28 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
-# name -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("disagg.controller.cli", "run the operator (kopf) against the current kubeconfig"),
-    "crds": ("disagg.api.cli", "write the CRDs generated from the API models (or --check them)"),
-    "render": ("disagg.render.cli", "print the manifests a DisaggregatedDeployment produces"),
-    "cluster": ("disagg.cluster.cli", "a local control plane from real components: up|down|status|env"),
-    "simulate": ("disagg.twin.cli_simulate", "replay a trace through the serving twin"),
-    "twin": ("disagg.twin.cli", "the live twin: emulated engines with vLLM/SGLang metrics and APIs"),
-    "demo": ("disagg.demo", "the closed-loop demo on the local control plane"),
-    "conformance": (
+
+class Subcommand(NamedTuple):
+    module: str
+    help: str
+    extra: str | None = None  # the optional dependencies it needs beyond the core (the operator image's)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "run": Subcommand("disagg.controller.cli", "run the operator (kopf) against the current kubeconfig"),
+    "crds": Subcommand("disagg.api.cli", "write the CRDs generated from the API models (or --check them)"),
+    "render": Subcommand("disagg.render.cli", "print the manifests a DisaggregatedDeployment produces"),
+    "cluster": Subcommand(
+        "disagg.cluster.cli", "a local control plane from real components: up|down|status|env", "twin"
+    ),
+    "simulate": Subcommand("disagg.twin.cli_simulate", "replay a trace through the serving twin", "twin"),
+    "twin": Subcommand(
+        "disagg.twin.live.cli", "the live twin: emulated engines with vLLM/SGLang metrics and APIs", "twin"
+    ),
+    "demo": Subcommand("disagg.demo", "the closed-loop demo on the local control plane", "twin"),
+    "conformance": Subcommand(
         "disagg.conformance.cli",
         "check what a DisaggregatedDeployment renders against the released engines and routers",
     ),
@@ -35,8 +46,8 @@ def _top_parser() -> argparse.ArgumentParser:
         description="Prefill/decode disaggregated LLM serving on Kubernetes.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in SUBCOMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    for name, command in SUBCOMMANDS.items():
+        sub.add_parser(name, help=command.help, add_help=False)
     return parser
 
 
@@ -52,9 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"disagg: unknown command {args_list[0]!r}", file=sys.stderr)
         return 2
     name, rest = args_list[0], args_list[1:]
-    module_name, help_text = SUBCOMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"disagg {name}", description=help_text)
+    command = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as missing:
+        if command.extra is None or missing.name is None or missing.name.partition(".")[0] == "disagg":
+            raise
+        print(
+            f"disagg {name}: needs {missing.name}, which the core install (the operator image's) leaves out;"
+            f" install the {command.extra} extra: pip install 'disagg[{command.extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+    parser = argparse.ArgumentParser(prog=f"disagg {name}", description=command.help)
     module.configure(parser)
     args = parser.parse_args(rest)
     func = getattr(args, "func", None)

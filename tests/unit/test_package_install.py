@@ -1,8 +1,9 @@
 """What the operator image runs, without a container engine: the Dockerfile's steps in a clean venv.
 
 A fresh virtual environment (no access to the repository's .venv) installs the package from a copy of
-the files the Dockerfile copies (pyproject.toml, README.md, operator/), with pip's cache; then the image's
-entry point `disagg run --help` and `disagg crds --check` must work there, from the copied crds/.
+the files the Dockerfile copies (pyproject.toml, README.md, operator/), with pip's cache, without the twin
+extra; then the image's entry point `disagg run --help` and `disagg crds --check` must work there, from the
+copied crds/, and a command of the twin extra says what to install.
 """
 
 from __future__ import annotations
@@ -78,6 +79,21 @@ def test_entrypoint_disagg_run_help(image_env: Path) -> None:
     assert "usage: disagg run" in result.stdout
     for flag in ("--namespace", "--all-namespaces", "--standalone", "--peering", "--liveness-endpoint"):
         assert flag in result.stdout, f"`disagg run --help` lacks {flag} (the chart passes it)"
+
+
+def test_the_twin_extra_is_left_out_and_named(image_env: Path) -> None:
+    missing = _run(
+        [
+            str(image_env / "bin" / "python"),
+            "-c",
+            "import importlib.util as u; print(u.find_spec('matplotlib'))",
+        ],
+        cwd=image_env,
+    )
+    assert missing.stdout.strip() == "None", "the core install pulled in matplotlib (the twin extra's)"
+    result = _run([str(image_env / "bin" / "disagg"), "cluster", "--help"], cwd=image_env)  # needs httpx
+    assert result.returncode == 2
+    assert "pip install 'disagg[twin]'" in result.stderr
 
 
 def test_crds_check_passes_against_the_shipped_crds(image_env: Path) -> None:

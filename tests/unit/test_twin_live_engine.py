@@ -452,7 +452,7 @@ def test_a_followed_pod_loads_its_model_for_the_spec_start_up_unless_the_cli_fix
     import copy
 
     from disagg.perf.startup import spec_startup_delay_s
-    from disagg.twin.cli import _pool_settings, configure
+    from disagg.twin.live.cli import _pool_settings, configure
     from disagg.twin.live.follower import spec_startup_delay
     from disagg.twin.live.pods import PodPool, PoolSettings
 

@@ -9,5 +9,5 @@
 * :mod:`disagg.twin.sim` - the discrete-event simulator (pools, routing, KV transfer, scaling, observations).
 * :mod:`disagg.twin.traffic` - Azure / Mooncake / BurstGPT loaders and synthetic generators.
 * :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, HTML report.
-* ``disagg simulate`` (:mod:`disagg.twin.cli_simulate`) and ``disagg twin`` (:mod:`disagg.twin.live`).
+* ``disagg simulate`` (:mod:`disagg.twin.cli_simulate`) and ``disagg twin`` (:mod:`disagg.twin.live.cli`).
 """
