@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client, watch
 
 from disagg.cluster.local import ClusterInfo, NodePool, free_ports, node_manifest
-from disagg.controller.autoscaling import POD_DELETION_COST
+from disagg.controller.pods import POD_DELETION_COST
 from disagg.demo import (
     ClosedLoop,
     DemoSettings,

@@ -17,7 +17,8 @@ from typing import Any
 
 from disagg.cluster.kwok_stages import READY_WHEN_SERVED
 from disagg.cluster.wait import wait_for_async
-from disagg.controller.autoscaling import bounds_of, measured_startup_s, pod_info, read_role
+from disagg.controller.observe import DeploymentReading, deployment_bounds, read_deployment, role_startups
+from disagg.controller.pods import measured_startup_s, pod_info, pool_observation, read_pool
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, POD, JsonDict, KubeApi
 from disagg.perf.startup import spec_startup_delay_s
 from disagg.twin.live.follower import Overrides, PodFollower
@@ -135,13 +136,14 @@ def test_a_held_pod_turns_ready_when_the_twin_has_loaded_the_model_for_the_specs
     asyncio.run(scenario())
 
     # the autoscaler's own read path: the measured start-up goes into the policy's bounds
-    found = read_role(kube, namespace, "dd", "decode", 60.0, time.time())
-    assert found is not None
-    counts, decode_pods = found
-    assert counts.ready == 1
-    measured = measured_startup_s(decode_pods)
+    pool = read_pool(kube, namespace, "dd", "decode")
+    assert pool is not None
+    assert pool_observation(pool.replicas, pool.pods, time.time()).ready == 1
+    measured = measured_startup_s(pool.pods)
     assert measured is not None and measured[1] == 1
-    bounds = bounds_of(dd["spec"], {"decode": decode_pods})
+    reading = read_deployment(dd)
+    assert isinstance(reading, DeploymentReading)
+    bounds = deployment_bounds(reading, role_startups(reading, {"decode": pool.pods}))
     assert bounds.decode.startup_seconds == measured[0]
     # no prefill pod Ready: the spec's estimate (cached, at full scale)
     assert bounds.prefill.startup_seconds == spec_startup_delay_s(dd["spec"], "bf16")

@@ -9,50 +9,51 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
+from disagg.api.common import parse_rfc3339, rfc3339, set_api_condition
 from disagg.api.deployment import AutoscalingStatus
-from disagg.controller.autoscaling import (
+from disagg.controller.autoscaler import Autoscaler, autoscaling_enabled, evaluate, is_due, policy_state
+from disagg.controller.metrics import AutoscalingMetrics
+from disagg.controller.observe import (
+    DeploymentReading,
+    StartupEstimate,
+    cached_reading,
+    deployment_bounds,
+    read_deployment,
+    role_startups,
+    startup_message,
+)
+from disagg.controller.pods import (
+    PodInfo,
+    deletion_costs,
+    measured_startup_s,
+    pod_info,
+    pod_startup_s,
+    pool_observation,
+)
+from disagg.controller.scaling_status import (
     CONDITION_ACTIVE,
     CONDITION_LIMITED,
     CONDITION_METRICS,
-    AutoscalingMetrics,
-    AutoscalingSettings,
-    PodInfo,
-    RoleCounts,
-    Runtime,
-    StartupEstimate,
-    apply_ceiling,
-    autoscaling_enabled,
     autoscaling_status,
-    bounds_of,
     change_events,
-    deletion_costs,
-    evaluate,
-    is_due,
     limited_condition,
-    loads_from_result,
-    measured_startup_s,
     metrics_condition,
-    parse_rfc3339,
-    pod_info,
-    pod_startup_s,
-    policy_state,
-    rfc3339,
-    role_counts,
-    role_startups,
-    running_by_pod_query,
-    set_condition,
-    spec_serving,
-    startup_message,
-    update_limits,
 )
+from disagg.controller.settings import AutoscalingSettings
 from disagg.k8s.client import Kind, KubeApi
+from disagg.metrics.prometheus import values_by_pod
+from disagg.metrics.queries import running_by_pod_query
+from disagg.policy import decide
+from disagg.policy.bounds import spec_startup_s
 from disagg.policy.memory import to_memory
 from disagg.policy.types import (
+    Bounds,
     Decision,
     Measured,
     Observation,
     PolicyState,
     Reason,
+    RoleBounds,
     RoleObservation,
     ServingProfile,
     SignalState,
@@ -103,7 +104,7 @@ def test_evaluation_is_due_on_the_policy_interval() -> None:
     assert is_due(T0 + 100, 30, T0)  # clock went backwards: evaluate rather than stall
 
 
-def test_pending_pods_count_and_become_stuck_after_the_grace_period() -> None:
+def test_pending_pods_count_with_how_long_they_were_unschedulable() -> None:
     pods = [
         pod_info(_pod("d-0")),
         pod_info(_pod("d-1", ready=False)),
@@ -112,37 +113,27 @@ def test_pending_pods_count_and_become_stuck_after_the_grace_period() -> None:
         pod_info(_pod("d-4", deleting=True)),
     ]
     assert pods[2].unschedulable_since == T0 and not pods[2].scheduled
-    counts = role_counts(5, pods, grace_s=60, now=T0 + 70)
-    assert counts == RoleCounts(replicas=5, ready=1, pending=2, stuck=1)
-    assert role_counts(5, pods, grace_s=60, now=T0 + 10).stuck == 0
+    pool = pool_observation(5, pods, now=T0 + 70, gpus_per_replica=2)
+    assert (pool.replicas, pool.ready, pool.pending, pool.gpus_per_replica) == (5, 1, 2, 2)
+    assert pool.unschedulable_s == (70.0, 20.0)
 
 
-def test_stuck_pods_set_a_ceiling_that_lifts_after_the_backoff() -> None:
-    stuck = {"decode": RoleCounts(replicas=6, ready=4, pending=2, stuck=2)}
-    state, newly = update_limits(PolicyState(), stuck, now=T0, backoff_s=300)
-    assert state.limited == {"decode": 4} and newly == ["decode"]
-    assert state.limited_since == {"decode": T0}
-    # still stuck next time: the ceiling holds and is not announced again
-    state, newly = update_limits(state, stuck, now=T0 + 30, backoff_s=300)
-    assert state.limited == {"decode": 4} and newly == []
-    calm = {"decode": RoleCounts(replicas=4, ready=4, pending=0, stuck=0)}
-    state, _ = update_limits(state, calm, now=T0 + 299, backoff_s=300)
-    assert state.limited == {"decode": 4}
-    state, _ = update_limits(state, calm, now=T0 + 330, backoff_s=300)
-    assert state.limited == {} and state.limited_since == {}
+def test_pods_unschedulable_past_the_grace_period_limit_their_pool_in_the_policy() -> None:
+    from disagg.api.ratiopolicy import RatioPolicySpec
 
+    stuck = [pod_info(_pod(f"d-{i}", ready=False, node=None, unschedulable_at=T0)) for i in range(2)]
+    ready = [pod_info(_pod(f"d-{i}")) for i in range(2, 6)]
+    bounds = Bounds(prefill=RoleBounds(1, 8), decode=RoleBounds(1, 8))
+    policy = RatioPolicySpec.model_validate({"algorithm": "slo-feedback"})
 
-def test_ceiling_never_goes_below_one_replica() -> None:
-    state, _ = update_limits(PolicyState(), {"prefill": RoleCounts(2, 0, 2, 2)}, now=T0, backoff_s=60)
-    assert state.limited == {"prefill": 1}
+    def limited(now: float) -> dict[str, int]:
+        decode = pool_observation(6, stuck + ready, now)
+        observation = Observation(time=now, prefill=RoleObservation(replicas=1, ready=1), decode=decode)
+        _, state = decide(observation, policy, PolicyState(), now, bounds, pending_grace_s=60.0)
+        return state.limited
 
-
-def test_decision_is_clamped_to_learned_ceilings() -> None:
-    decision = Decision(time=T0, prefill=5, decode=3, changed=True)
-    clamped, roles = apply_ceiling(decision, {"prefill": 4})
-    assert (clamped.prefill, clamped.decode, roles) == (4, 3, ["prefill"])
-    same, none = apply_ceiling(decision, {"decode": 8})
-    assert same is decision and none == []
+    assert limited(T0 + 30) == {}  # still within the grace period: the scheduler may place them yet
+    assert limited(T0 + 60) == {"decode": 4}
 
 
 def test_least_loaded_decode_pods_get_the_lowest_deletion_cost() -> None:
@@ -211,12 +202,12 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
     others = [
         {"type": "Ready", "status": "True", "reason": "AllReady", "message": "", "lastTransitionTime": "x"}
     ]
-    first = set_condition(others, CONDITION_METRICS, False, "MetricsMissing", "TTFT missing", T0, 3)
+    first = set_api_condition(others, CONDITION_METRICS, False, "MetricsMissing", "TTFT missing", 3, T0)
     assert first[0] == others[0]
     assert first[1]["lastTransitionTime"] == rfc3339(T0) and first[1]["observedGeneration"] == 3
-    again = set_condition(first, CONDITION_METRICS, False, "MetricsMissing", "ITL missing", T0 + 60, 3)
+    again = set_api_condition(first, CONDITION_METRICS, False, "MetricsMissing", "ITL missing", 3, T0 + 60)
     assert again[1]["lastTransitionTime"] == rfc3339(T0) and again[1]["message"] == "ITL missing"
-    flipped = set_condition(again, CONDITION_METRICS, True, "MetricsOK", "ok", T0 + 120, 3)
+    flipped = set_api_condition(again, CONDITION_METRICS, True, "MetricsOK", "ok", 3, T0 + 120)
     assert flipped[1]["lastTransitionTime"] == rfc3339(T0 + 120) and flipped[1]["status"] == "True"
     assert len(flipped) == 2
 
@@ -227,23 +218,20 @@ def _observation(ttft: Measured, itl: Measured) -> Observation:
 
 
 def test_metrics_condition_names_the_missing_signal() -> None:
-    ok, reason, _ = metrics_condition(_observation(Measured.of(0.5), Measured.of(0.02)))
-    assert ok and reason == "MetricsOK"
-    ok, reason, message = metrics_condition(
-        _observation(Measured.missing(), Measured.missing(SignalState.STALE))
-    )
-    assert not ok and reason == "MetricsMissing"
-    assert "TTFT is missing" in message and "ITL is stale" in message
+    ok = metrics_condition(_observation(Measured.of(0.5), Measured.of(0.02)))
+    assert ok.status and ok.reason == "MetricsOK"
+    missing = metrics_condition(_observation(Measured.missing(), Measured.missing(SignalState.STALE)))
+    assert not missing.status and missing.reason == "MetricsMissing"
+    assert "TTFT is missing" in missing.message and "ITL is stale" in missing.message
 
 
 def test_limited_condition_prefers_pending_ceilings_then_budget() -> None:
     decision = _decision(4, 2, "BudgetClamp")
-    assert limited_condition(decision, {"decode": 3}, [])[:2] == (True, "PendingPods")
-    assert limited_condition(decision, {}, [])[:2] == (True, "BudgetClamp")
-    assert limited_condition(_decision(4, 2, "TTFTBreachPrefillQueue"), {}, [])[:2] == (
-        False,
-        "DesiredWithinRange",
-    )
+    pending = limited_condition(decision, {"decode": 3})
+    assert (pending.status, pending.reason) == (True, "PendingPods")
+    assert limited_condition(decision, {}).reason == "BudgetClamp"
+    within = limited_condition(_decision(4, 2, "TTFTBreachPrefillQueue"), {})
+    assert (within.status, within.reason) == (False, "DesiredWithinRange")
 
 
 def test_events_for_a_new_target_and_each_flipped_condition() -> None:
@@ -267,18 +255,22 @@ def test_events_for_a_new_target_and_each_flipped_condition() -> None:
     )
 
 
-def test_settings_from_env_validate_numbers() -> None:
-    settings = AutoscalingSettings.from_env(
-        {"DISAGG_AUTOSCALING_TICK_S": "0.5", "DISAGG_PROMETHEUS_URL": "http://127.0.0.1:9090"}
-    )
+def test_settings_from_env_validate_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("DISAGG_AUTOSCALING_TICK_S", "0.5")
+    monkeypatch.setenv("DISAGG_PROMETHEUS_URL", "http://127.0.0.1:9090")
+    settings = AutoscalingSettings()
     assert settings.tick_s == 0.5 and settings.prometheus_url == "http://127.0.0.1:9090"
-    assert AutoscalingSettings.from_env({}) == AutoscalingSettings()
-    with pytest.raises(ValueError, match="DISAGG_AUTOSCALING_PENDING_GRACE_S"):
-        AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_PENDING_GRACE_S": "soon"})
+    monkeypatch.setenv("DISAGG_AUTOSCALING_PENDING_GRACE_S", "soon")
+    with pytest.raises(ValidationError, match="pending_grace_s"):
+        AutoscalingSettings()
 
 
-def test_decisions_kept_in_status_cannot_exceed_the_crds_max_items() -> None:
+def test_decisions_kept_in_status_cannot_exceed_the_crds_max_items(monkeypatch: pytest.MonkeyPatch) -> None:
     # more decisions than status.autoscaling.decisions' maxItems would make every status write fail
+    from pydantic import ValidationError
+
     from disagg.api.crd import all_crds
 
     crd = next(c for c in all_crds() if c["spec"]["names"]["kind"] == "DisaggregatedDeployment")
@@ -287,9 +279,11 @@ def test_decisions_kept_in_status_cannot_exceed_the_crds_max_items() -> None:
         "maxItems"
     ]
     assert AutoscalingSettings().max_decisions == max_items
-    assert AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_MAX_DECISIONS": "4"}).max_decisions == 4
-    with pytest.raises(ValueError, match=f"at most {max_items}"):
-        AutoscalingSettings.from_env({"DISAGG_AUTOSCALING_MAX_DECISIONS": str(max_items + 1)})
+    monkeypatch.setenv("DISAGG_AUTOSCALING_MAX_DECISIONS", "4")
+    assert AutoscalingSettings().max_decisions == 4
+    monkeypatch.setenv("DISAGG_AUTOSCALING_MAX_DECISIONS", str(max_items + 1))
+    with pytest.raises(ValidationError, match=f"less than or equal to {max_items}"):
+        AutoscalingSettings()
 
 
 def test_a_target_is_announced_once_until_applied() -> None:
@@ -311,13 +305,23 @@ def test_conditions_first_set_in_their_good_state_are_not_announced() -> None:
     assert [(e.type, e.reason) for e in events] == [("Warning", "MetricsMissing")]
 
 
+def _reading(spec: Mapping[str, Any]) -> DeploymentReading:
+    reading = read_deployment({"metadata": {"name": "chat", "namespace": "default"}, "spec": spec})
+    assert isinstance(reading, DeploymentReading), reading
+    return reading
+
+
 def test_bounds_come_from_the_deployment_spec() -> None:
-    spec = {
-        "prefill": {"replicas": 2, "tensorParallelSize": 2},
-        "decode": {"replicas": 3},
-        "autoscaling": {"enabled": True, "prefill": {"minReplicas": 1, "maxReplicas": 4}, "maxGPUs": 16},
+    spec = _spec()
+    spec["prefill"] = {"replicas": 2, "tensorParallelSize": 2}
+    spec["decode"] = {"replicas": 3}
+    spec["autoscaling"] = {
+        "enabled": True,
+        "policyRef": {"name": "slo"},
+        "prefill": {"minReplicas": 1, "maxReplicas": 4},
+        "maxGPUs": 16,
     }
-    bounds = bounds_of(spec)
+    bounds = deployment_bounds(_reading(spec), {})
     assert (bounds.prefill.min_replicas, bounds.prefill.max_replicas, bounds.prefill.gpus_per_replica) == (
         1,
         4,
@@ -342,8 +346,8 @@ def test_per_pod_load_query_and_result() -> None:
         {"metric": {"pod": "d-1"}, "value": [1, "NaN"]},
         {"metric": {}, "value": [1, "2"]},
     ]
-    assert loads_from_result(result) == {"d-0": 3.0, "d-1": None}
-    assert loads_from_result("garbage") == {}
+    assert values_by_pod(result) == {"d-0": 3.0, "d-1": None}
+    assert values_by_pod("garbage") == {}
 
 
 # ------------------------------------------------------------------------------------------- start-up
@@ -362,7 +366,7 @@ def _timed_pod(name: str, created: float, ready_at: float | None, role: str = "p
     return pod_info(pod)
 
 
-def _spec(model: str = "meta-llama/Llama-3.1-70B-Instruct", cached: bool = True) -> dict[str, object]:
+def _spec(model: str = "meta-llama/Llama-3.1-70B-Instruct", cached: bool = True) -> dict[str, Any]:
     model_spec: dict[str, object] = {"name": model, "source": {"huggingFace": {"id": model}}}
     if cached:
         model_spec["cache"] = {"claimName": "weights", "create": {"size": "200Gi"}}
@@ -413,51 +417,50 @@ def test_bounds_carry_the_serving_profile_simulate_uses() -> None:
     from disagg.twin.sim import SimDeployment
 
     spec = _spec()
-    bounds = bounds_of(spec)
+    bounds = deployment_bounds(_reading(spec), {})
     dep = SimDeployment.from_dict(
         {"kind": "DisaggregatedDeployment", "metadata": {"name": "x"}, "spec": spec}
     )
     assert bounds.profile == ServingProfile(dep.model, dep.gpu, dep.prefill.tp, dep.decode.tp, dep.dtype)  # type: ignore[union-attr]
     assert bounds.profile == ServingProfile("meta-llama/Llama-3.1-70B-Instruct", "h100", 4, 8, "bf16")
     assert (bounds.prefill.gpus_per_replica, bounds.decode.gpus_per_replica) == (4, 8)
-    # no model in the spec (not a valid DisaggregatedDeployment): no profile, no start-up
-    bare = bounds_of({"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
-    assert bare.profile is None and bare.prefill.startup_seconds is None
+    # a spec that is not a valid DisaggregatedDeployment is not read at all (no bounds guessed from it)
+    assert not isinstance(read_deployment({"spec": {"prefill": {"replicas": 2}}}), DeploymentReading)
 
 
 def test_startup_comes_from_the_pods_else_from_the_spec_cached_or_downloading() -> None:
-    from disagg.perf.startup import spec_startup_delay_s
-
-    cached, downloading = _spec(cached=True), _spec(cached=False)
-    estimate = spec_startup_delay_s(cached, "bf16")
-    assert bounds_of(cached).prefill.startup_seconds == pytest.approx(estimate)  # ~154 s
-    assert bounds_of(downloading).decode.startup_seconds == pytest.approx(
-        spec_startup_delay_s(downloading, "bf16")  # ~389 s
+    cached, downloading = _reading(_spec(cached=True)), _reading(_spec(cached=False))
+    estimate = spec_startup_s(cached.dd.spec)
+    assert estimate is not None
+    assert deployment_bounds(cached, role_startups(cached, {})).prefill.startup_seconds == pytest.approx(
+        estimate  # ~154 s
     )
-    assert bounds_of(cached).prefill.startup_seconds < bounds_of(downloading).prefill.startup_seconds  # type: ignore[operator]
+    slower = deployment_bounds(downloading, role_startups(downloading, {})).decode.startup_seconds
+    assert slower is not None and estimate < slower  # ~389 s
     measured = {"prefill": [_timed_pod("p", T0, T0 + 170)], "decode": [_timed_pod("d", T0, None, "decode")]}
-    bounds = bounds_of(cached, measured)
+    bounds = deployment_bounds(cached, role_startups(cached, measured))
     assert bounds.prefill.startup_seconds == 170.0  # measured on the role's own pods wins
     assert bounds.decode.startup_seconds == pytest.approx(estimate)  # no decode pod Ready yet: the spec's
     # a model the twin has no profile of: the profile still names it, the start-up is unknown
-    unknown = bounds_of(_spec(model="Qwen/Qwen3-0.6B"))
-    assert unknown.profile is not None and unknown.profile.model == "Qwen/Qwen3-0.6B"
-    assert unknown.prefill.startup_seconds is None and unknown.decode.startup_seconds is None
+    unknown = _reading(_spec(model="Qwen/Qwen3-0.6B"))
+    unknown_bounds = deployment_bounds(unknown, role_startups(unknown, {}))
+    assert unknown_bounds.profile is not None and unknown_bounds.profile.model == "Qwen/Qwen3-0.6B"
+    assert unknown_bounds.prefill.startup_seconds is None and unknown_bounds.decode.startup_seconds is None
 
 
 def test_the_startup_the_policy_plans_with_is_said_where_it_comes_from() -> None:
-    serving = spec_serving(_spec(cached=True))
-    assert serving is not None and serving.cached and serving.startup_s is not None
-    startups = role_startups(serving, {"prefill": [_timed_pod("p", T0, T0 + 5)]})
+    reading = _reading(_spec(cached=True))
+    assert reading.cached and reading.startup_s is not None
+    startups = role_startups(reading, {"prefill": [_timed_pod("p", T0, T0 + 5)]})
     assert startups["prefill"] == StartupEstimate(5.0, "measured", "measured: pod, creation to Ready")
     decode = startups["decode"]
     assert decode is not None and decode.source == "spec"
     message = startup_message(startups)
     assert message == (
         "replica start-up: prefill 5 s (measured: pod, creation to Ready), "
-        f"decode {serving.startup_s:.0f} s (estimate: weights read from the model cache)"
+        f"decode {reading.startup_s:.0f} s (estimate: weights read from the model cache)"
     )
-    downloading = role_startups(spec_serving(_spec(cached=False)), {})
+    downloading = role_startups(_reading(_spec(cached=False)), {})
     assert "every replica downloads the weights" in startup_message(downloading)
     assert startup_message(role_startups(None, {})) == (
         "replica start-up: prefill unknown (no pod Ready yet, no estimate for the model), "
@@ -536,8 +539,8 @@ class _FakeKube:
         return dict(obj)
 
 
-def _runtime(kube: _FakeKube) -> Runtime:
-    return Runtime(
+def _autoscaler(kube: _FakeKube) -> Autoscaler:
+    return Autoscaler(
         kube=cast(KubeApi, kube),
         settings=AutoscalingSettings(),
         signals=None,
@@ -550,32 +553,32 @@ def test_a_restarted_operator_picks_the_policy_memory_up_from_status() -> None:
         "apiVersion": "disagg.dev/v1alpha1",
         "kind": "DisaggregatedDeployment",
         "metadata": {"name": "chat", "namespace": "default", "uid": "u1", "generation": 1},
-        "spec": {"autoscaling": {"enabled": True, "policyRef": {"name": "chat"}}},
+        "spec": {**_spec(), "autoscaling": {"enabled": True, "policyRef": {"name": "chat"}}},
     }
     kube = _FakeKube(copy.deepcopy(body))
     memo: dict[str, Any] = {}
     learned = PolicyState(correction={"decode": 1.3}, slo_spend=0.3, load_history=((T0 - 20.0, 5.0),))
     memo["policy_state"] = learned
-    assert evaluate(_runtime(kube), body, memo, T0) is not None
+    assert evaluate(_autoscaler(kube), body, memo, T0) is not None
     memory = kube.deployment["status"]["autoscaling"]["policyMemory"]
     assert memory["correction"] == {"decode": 1.3} and memory["sloSpend"] == 0.3
     assert memory["loadHistory"] == [[round(T0 - 20.0), 5.0]]
 
     restarted: dict[str, Any] = {}  # a new operator process: an empty per-object memo
     later = T0 + 60.0
-    assert evaluate(_runtime(kube), copy.deepcopy(kube.deployment), restarted, later) is not None
+    assert evaluate(_autoscaler(kube), copy.deepcopy(kube.deployment), restarted, later) is not None
     state = restarted["policy_state"]
     assert state.correction == {"decode": 1.3} and state.slo_spend == 0.3
     assert state.load_history == ((T0 - 20.0, 5.0),)
     assert kube.deployment["status"]["autoscaling"]["policyMemory"]["savedAt"] == round(later)
 
 
-def test_the_spec_serving_reading_is_reused_until_the_spec_generation_changes() -> None:
-    from disagg.controller.autoscaling import cached_serving
-
+def test_the_deployment_is_read_once_per_spec_generation() -> None:
     memo: dict[str, Any] = {}
-    first = cached_serving(memo, 3, _spec())
-    assert first is not None
-    assert cached_serving(memo, 3, {"garbage": True}) is first  # same generation: not read again
-    changed = cached_serving(memo, 4, {"garbage": True})
-    assert changed is None and memo["serving"] == (4, None)
+    body = {"metadata": {"name": "chat", "namespace": "default", "generation": 3}, "spec": _spec()}
+    first = cached_reading(memo, body)
+    assert isinstance(first, DeploymentReading)
+    garbage = {"metadata": {"name": "chat", "generation": 3}, "spec": {"garbage": True}}
+    assert cached_reading(memo, garbage) is first  # same generation: not read again
+    changed = cached_reading(memo, {**garbage, "metadata": {"name": "chat", "generation": 4}})
+    assert not isinstance(changed, DeploymentReading) and memo["deployment_reading"][0] == 4

@@ -26,8 +26,7 @@ def _operator_series() -> set[str]:
     """Every series the operator's registry exports (reconciler and autoscaling loop metrics)."""
     from prometheus_client import CollectorRegistry
 
-    from disagg.controller.autoscaling import AutoscalingMetrics
-    from disagg.controller.metrics import create_metrics
+    from disagg.controller.metrics import AutoscalingMetrics, create_metrics
 
     registry = CollectorRegistry()
     create_metrics(registry)

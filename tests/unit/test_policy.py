@@ -22,6 +22,7 @@ from disagg.policy import (
     ServingProfile,
     decide,
 )
+from disagg.policy.engine import PENDING_GRACE_S
 from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, itl_growth, shrink_ceiling
 from disagg.policy.model_based import (
     PrefillService,
@@ -57,6 +58,7 @@ def obs(
     prefill_time: float | None = 0.15,
     kv: float = 0.5,
     pending: tuple[int, int] = (0, 0),
+    unschedulable_s: tuple[tuple[float, ...], tuple[float, ...]] = ((), ()),
     prompt: float | None = 1000.0,
     output: float | None = 200.0,
     running: float | None = 60.0,
@@ -67,6 +69,7 @@ def obs(
             replicas=p,
             ready=p - pending[0],
             pending=pending[0],
+            unschedulable_s=unschedulable_s[0],
             queue_time=Measured.of(queue),
             compute_time=Measured.of(prefill_time),
         ),
@@ -74,6 +77,7 @@ def obs(
             replicas=d,
             ready=d - pending[1],
             pending=pending[1],
+            unschedulable_s=unschedulable_s[1],
             kv_usage=Measured.of(kv),
             running=Measured.of(running),
         ),
@@ -239,8 +243,12 @@ def test_scale_up_window_ignores_a_single_spike() -> None:
 
 def test_pending_pods_set_a_ceiling_and_report_scaling_limited() -> None:
     policy = spec(pendingBackoffSeconds=300)
-    # 6 prefill replicas asked, 2 stay Pending (no GPUs of that type left), TTFT still breached
-    d, state = run(obs(p=6, ttft=3.0, queue=2.5, pending=(2, 0)), policy)
+    # 6 prefill replicas asked, 2 not scheduled yet: within the grace period no ceiling is learned
+    d, state = run(obs(p=6, ttft=3.0, queue=2.5, pending=(2, 0), unschedulable_s=((5.0, 5.0), ())), policy)
+    assert "ScalingLimited" not in codes(d) and state.limited == {}
+    # the 2 stay Unschedulable past the grace period (no GPUs of that type left), TTFT still breached
+    stuck = ((PENDING_GRACE_S, PENDING_GRACE_S + 30.0), ())
+    d, state = run(obs(p=6, ttft=3.0, queue=2.5, pending=(2, 0), unschedulable_s=stuck), policy)
     assert d.prefill == 4
     assert "ScalingLimited" in codes(d)
     assert state.limited["prefill"] == 4

@@ -11,6 +11,8 @@ import argparse
 import logging
 import random
 
+from pydantic import ValidationError
+
 from disagg.controller.settings import ControllerSettings
 
 # kopf's peering priorities are integers; "random" picks one so replicas of one operator never tie.
@@ -72,15 +74,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resync-interval",
         type=float,
-        default=ControllerSettings.resync_interval_s,
+        default=None,
         metavar="S",
-        help="re-reconcile every object this often even without events (default %(default)s)",
+        help="re-reconcile every object this often even without events (default: DISAGG_RESYNC_INTERVAL_S, "
+        f"else {ControllerSettings.model_fields['resync_interval_s'].default})",
     )
     parser.add_argument(
         "--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level"
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="log at DEBUG level")
     parser.set_defaults(func=run)
+
+
+def operator_settings(args: argparse.Namespace) -> ControllerSettings:
+    """The settings from the environment (DISAGG_*), the flags winning; validated."""
+    settings = ControllerSettings()
+    flags: dict[str, object] = {}
+    if args.resync_interval is not None:
+        flags["resync_interval_s"] = args.resync_interval
+    if args.prometheus_url:
+        flags["autoscaling"] = settings.autoscaling.model_copy(update={"prometheus_url": args.prometheus_url})
+    # validated again with the flags (model_copy would not check them)
+    return ControllerSettings.model_validate({**settings.model_dump(), **flags}) if flags else settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         for chatty in QUIET_LOGGERS:  # one line per handler call and per probe is noise at INFO
             logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
-    if args.resync_interval <= 0:
-        raise SystemExit("disagg run: --resync-interval must be positive")
+    try:
+        settings = operator_settings(args)
+    except ValidationError as error:
+        raise SystemExit(f"disagg run: {error}") from error
     options = RunOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=bool(args.all_namespaces),
@@ -103,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness_endpoint,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-        prometheus_url=args.prometheus_url,
-        settings=ControllerSettings(resync_interval_s=args.resync_interval),
+        settings=settings,
     )
     return run_operator(options)

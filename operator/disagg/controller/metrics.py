@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics, on one registry that other loops (autoscaling) add to.
+"""The operator's own Prometheus metrics (the reconciler's and the autoscaling loop's), on one registry.
 
 Everything is built by :func:`create_metrics` on a registry the caller owns; nothing is registered at
 import time, so tests and several operators in one process never collide.
@@ -6,9 +6,12 @@ import time, so tests and several operators in one process never collide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from disagg.policy.types import ROLES, Decision
 
 NAMESPACE = "disagg_operator"
 
@@ -55,6 +58,54 @@ def create_metrics(registry: CollectorRegistry | None = None) -> ControllerMetri
             registry=registry,
         ),
     )
+
+
+@dataclass(frozen=True)
+class AutoscalingMetrics:
+    """The autoscaling loop's metrics, on the operator's registry."""
+
+    decisions: Counter  # labels: deployment, reason (the decision's primary cause; NoChange included)
+    desired: Gauge  # labels: deployment, role
+    current: Gauge  # labels: deployment, role
+    loop_seconds: Histogram  # labels: deployment
+
+    @staticmethod
+    def create(registry: CollectorRegistry) -> AutoscalingMetrics:
+        return AutoscalingMetrics(
+            decisions=Counter(
+                "disagg_decisions",
+                "Ratio policy decisions, by deployment and primary reason.",
+                ["deployment", "reason"],
+                registry=registry,
+            ),
+            desired=Gauge(
+                "disagg_desired_replicas",
+                "Replicas the ratio policy wants per role.",
+                ["deployment", "role"],
+                registry=registry,
+            ),
+            current=Gauge(
+                "disagg_current_replicas",
+                "Replicas of the child Deployment per role when the policy was evaluated.",
+                ["deployment", "role"],
+                registry=registry,
+            ),
+            loop_seconds=Histogram(
+                "disagg_policy_loop_duration_seconds",
+                "Wall time of one policy evaluation (API reads, Prometheus queries, decide, status write).",
+                ["deployment"],
+                registry=registry,
+                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            ),
+        )
+
+    def record(self, deployment: str, decision: Decision, current: Mapping[str, int], seconds: float) -> None:
+        self.decisions.labels(deployment=deployment, reason=decision.cause).inc()
+        for role in ROLES:
+            self.desired.labels(deployment=deployment, role=role).set(decision.replicas(role))
+            if role in current:
+                self.current.labels(deployment=deployment, role=role).set(current[role])
+        self.loop_seconds.labels(deployment=deployment).observe(seconds)
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:

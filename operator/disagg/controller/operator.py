@@ -1,7 +1,5 @@
-"""The operator process: one kopf registry with the reconciler's and the autoscaler's handlers.
-
-The autoscaling loop (:mod:`disagg.controller.autoscaling`) registers its own timer on kopf's default
-registry when imported; it finds the shared KubeApi and ControllerMetrics in the operator memo.
+"""The operator process: one kopf registry with the reconciler's and the autoscaler's handlers, each
+registered explicitly with what it needs (``register(registry, context)``), from settings built by the CLI.
 """
 
 from __future__ import annotations
@@ -12,10 +10,10 @@ from dataclasses import dataclass, field
 import kopf
 from kubernetes.config.config_exception import ConfigException
 
-from disagg.controller import autoscaling  # noqa: F401  (registers the autoscaling timer)
+from disagg.controller import autoscaler, handlers
 from disagg.controller.gate import ReconcileGate
-from disagg.controller.handlers import ReconcileContext, register
-from disagg.controller.metrics import ControllerMetrics, create_metrics, serve_metrics
+from disagg.controller.handlers import ReconcileContext
+from disagg.controller.metrics import AutoscalingMetrics, create_metrics, serve_metrics
 from disagg.controller.reconcile import Reconciler
 from disagg.controller.settings import ControllerSettings
 from disagg.k8s.client import KubeApi, load_api_client
@@ -36,7 +34,6 @@ class RunOptions:
     liveness_endpoint: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
-    prometheus_url: str | None = None
     settings: ControllerSettings = field(default_factory=ControllerSettings)
 
 
@@ -58,17 +55,6 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
     return settings
 
 
-def build_memo(api: KubeApi, metrics: ControllerMetrics, options: RunOptions) -> kopf.Memo:
-    """What every handler can find in its memo (the autoscaler looks these up by type and key)."""
-    memo = kopf.Memo()
-    memo["kube_api"] = api
-    memo["controller_metrics"] = metrics
-    memo["controller_settings"] = options.settings
-    if options.prometheus_url:
-        memo["prometheus_url"] = options.prometheus_url
-    return memo
-
-
 def run_operator(options: RunOptions) -> int:
     """Run until interrupted; the exit code."""
     try:
@@ -81,8 +67,12 @@ def run_operator(options: RunOptions) -> int:
     api = KubeApi(api_client, request_timeout_s=options.settings.request_timeout_s)
     metrics = create_metrics()
     reconciler = Reconciler(api, options.settings, metrics)
-    registry = kopf.get_default_registry()
-    register(registry, ReconcileContext(reconciler, ReconcileGate(), options.settings))
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, ReconcileContext(reconciler, ReconcileGate(), options.settings))
+    autoscaling = AutoscalingMetrics.create(metrics.registry)
+    autoscaler.register(
+        registry, autoscaler.Autoscaler.create(api, options.settings.autoscaling, autoscaling)
+    )
     if options.metrics_port is not None:
         serve_metrics(metrics.registry, options.metrics_port, options.metrics_host)
         log.info("metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
@@ -95,6 +85,5 @@ def run_operator(options: RunOptions) -> int:
         liveness_endpoint=options.liveness_endpoint,
         clusterwide=options.all_namespaces,
         namespaces=list(options.namespaces),
-        memo=build_memo(api, metrics, options),
     )
     return 0

@@ -394,9 +394,7 @@ class Reconciler:
             if current_obj is None:
                 return False
             current = current_obj.get("status") or {}
-            new = build_status(
-                current, generation, roles, endpoint, problem, self.clock(), model_cached
-            )
+            new = build_status(current, generation, roles, endpoint, problem, self.clock(), model_cached)
             if not status_differs(current, new):
                 return False
             try:

@@ -1,26 +1,54 @@
-"""Tunables of the reconciler, in one place (the handlers read them, never hard-code them)."""
+"""The operator's settings, typed and validated (pydantic-settings): built once by ``disagg run`` from
+the environment and its flags, then passed to the handlers, which never read the environment.
+
+Environment variables (the chart and ``disagg demo`` set them): ``DISAGG_<FIELD>`` for the reconciler's
+fields, ``DISAGG_AUTOSCALING_<FIELD>`` for the autoscaling loop's, and ``DISAGG_PROMETHEUS_URL``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from disagg.api.deployment import MAX_STATUS_DECISIONS
 from disagg.k8s.apply import FIELD_MANAGER
+from disagg.policy.engine import PENDING_GRACE_S
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
+class AutoscalingSettings(BaseSettings):
+    """Knobs of the autoscaling loop itself (the policy's own knobs live in the RatioPolicy)."""
+
+    model_config = SettingsConfigDict(env_prefix="DISAGG_AUTOSCALING_", frozen=True, extra="ignore")
+
+    # base timer interval; evaluations happen on each policy's evaluationIntervalSeconds
+    tick_s: float = Field(default=2.0, gt=0)
+    # how long an added pod may stay Unschedulable before its pool is limited
+    pending_grace_s: float = Field(default=PENDING_GRACE_S, gt=0)
+    # decisions kept in status, newest first; at most the CRD's maxItems (a longer list fails every write)
+    max_decisions: int = Field(default=MAX_STATUS_DECISIONS, ge=1, le=MAX_STATUS_DECISIONS)
+    # Prometheus the loop reads its signals from; None: no signals (the policy holds, fail-static)
+    prometheus_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("prometheus_url", "DISAGG_PROMETHEUS_URL")
+    )
+
+
+class ControllerSettings(BaseSettings):
+    """Tunables of the reconciler and the autoscaling loop (handlers read them, never hard-code them)."""
+
+    model_config = SettingsConfigDict(env_prefix="DISAGG_", frozen=True, extra="ignore")
+
     field_manager: str = FIELD_MANAGER
     # Safety net: every DisaggregatedDeployment is re-reconciled this often even if no watch event came.
-    resync_interval_s: float = 60.0
+    resync_interval_s: float = Field(default=60.0, gt=0)
     # Delay before kopf retries a reconcile that failed for a transient reason (API server hiccup).
-    retry_delay_s: float = 5.0
+    retry_delay_s: float = Field(default=5.0, gt=0)
     # Children applied concurrently within one apply wave.
-    apply_concurrency: int = 4
+    apply_concurrency: int = Field(default=4, ge=1)
     # Timeout of each API request the reconciler makes.
-    request_timeout_s: float = 30.0
+    request_timeout_s: float = Field(default=30.0, gt=0)
     # kopf's watch requests: how long the server keeps one open, and the client-side cap.
-    watch_server_timeout_s: int = 300
-    watch_client_timeout_s: int = 330
+    watch_server_timeout_s: int = Field(default=300, gt=0)
+    watch_client_timeout_s: int = Field(default=330, gt=0)
     # Prefix of the annotations where kopf keeps its handler progress and last-handled spec.
     annotations_prefix: str = "disagg.dev"
     # kopf puts this finalizer on objects with timers (resync, autoscaling) so it can stop them before the
@@ -29,4 +57,5 @@ class ControllerSettings:
     # kopf's own Events (handler succeeded/failed) below this level are not posted; ours always are.
     kopf_event_level: str = "WARNING"
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
-    max_workers: int = 8
+    max_workers: int = Field(default=8, ge=1)
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)

@@ -26,7 +26,14 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import Timeout
 from urllib3.util.retry import Retry
 
-from disagg.metrics.queries import TARGET_LABELS, Engine, QuerySet, TargetLabels, build_queries
+from disagg.metrics.queries import (
+    TARGET_LABELS,
+    Engine,
+    QuerySet,
+    TargetLabels,
+    build_queries,
+    running_by_pod_query,
+)
 from disagg.policy.types import MISSING, Measured, Observation, RoleObservation, SignalState
 
 # RoleObservation fields read from "<role>.<field>" signals; a signal with no query for that role (the
@@ -64,6 +71,19 @@ def measured_from_result(result: Any) -> Measured:
     if math.isnan(raw):
         return Measured.missing(SignalState.NAN)
     return Measured(raw, SignalState.OK)
+
+
+def values_by_pod(result: object, labels: TargetLabels = TARGET_LABELS) -> dict[str, float | None]:
+    """pod -> value from an instant-vector result; NaN or unparsable values are unknown (None)."""
+    values: dict[str, float | None] = {}
+    for series in result if isinstance(result, list) else []:
+        try:
+            pod = str(series["metric"][labels.pod])
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        values[pod] = value if math.isfinite(value) else None
+    return values
 
 
 def combine_ttft(prefill_side: Measured, decode_side: Measured) -> Measured:
@@ -156,6 +176,13 @@ class PrometheusSignals:
         Prometheus fills in the rest."""
         signals = self.read(engine, namespace, deployment, ttft_percentile, itl_percentile, window_s)
         return observation_from_signals(signals, pools, window_s, now), signals
+
+    def running_per_pod(
+        self, engine: Engine | str, namespace: str, deployment: str, role: str
+    ) -> dict[str, float | None]:
+        """Requests running per pod of one pool; raises when Prometheus cannot answer."""
+        query = running_by_pod_query(engine, namespace, deployment, role, self.labels)
+        return values_by_pod(self.client().custom_query(query), self.labels)
 
 
 def _role(signals: Signals, role: str, base: RoleObservation, window_s: int) -> RoleObservation:

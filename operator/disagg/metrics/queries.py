@@ -341,3 +341,15 @@ def build_queries(
         q[f"{role}.kv_usage"] = gauge_avg(m.kv_usage, sel)
         q[f"{role}.sample_age"] = sample_age(m.running, sel)
     return QuerySet(q)
+
+
+def running_by_pod_query(
+    engine: Engine | str,
+    namespace: str,
+    deployment: str,
+    role: Role | str,
+    labels: TargetLabels = TARGET_LABELS,
+) -> str:
+    """PromQL: requests running per pod of one pool (the load that orders decode pods for removal)."""
+    metrics = ENGINE_METRICS[Engine(engine)]
+    return gauge_sum_by(metrics.running, labels.pod, selector(namespace, deployment, role, labels))

@@ -10,8 +10,8 @@ fixed-ratio here); the common machinery then shapes the proposal, in this order:
    the scale-up window, down to the highest within the (longer) scale-down window, so a short spike or
    dip does not move the pools and a steady load never flaps;
 4. per-step caps per role and direction;
-5. the replica ceiling learned from Pending pods (reason ``ScalingLimited``), lifted after
-   ``pendingBackoffSeconds`` to probe for capacity again;
+5. the replica ceiling learned from pods Unschedulable past a grace period (reason ``ScalingLimited``),
+   lifted after ``pendingBackoffSeconds`` to probe for capacity again;
 6. the GPU budget (the deployment's maxGPUs and the policy's, whichever is lower), split toward the
    pool whose SLO is breached when it binds (reason ``BudgetClamp``).
 
@@ -322,15 +322,28 @@ def apply_gpu_budget(
     return out, Reason("BudgetClamp", f"GPU budget binds ({total} wanted): {msg}")
 
 
+# How long an added pod may stay Unschedulable before its pool is limited: a pod the scheduler places a
+# moment later (or that waits for a node to be provisioned) is not a missing GPU.
+PENDING_GRACE_S = 60.0
+
+
 def learn_ceiling(
-    obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
+    obs: Observation,
+    policy: RatioPolicySpec,
+    state: PolicyState,
+    now: float,
+    bounds: Bounds,
+    grace_s: float = PENDING_GRACE_S,
 ) -> tuple[dict[str, int], dict[str, float]]:
-    """The replica ceiling per role learned from Pending pods, and when it was learned."""
+    """The replica ceiling per role learned from pods Unschedulable for ``grace_s`` or longer (the
+    replicas that did schedule, at least the pool's minimum and one), and when it was learned; lifted
+    after the policy's pendingBackoffSeconds to probe for freed capacity."""
     limited, since = dict(state.limited), dict(state.limited_since)
     for role in ROLES:
         ro = obs.role(role)
-        if ro.pending > 0 and ro.replicas > 0:
-            ceiling = max(ro.replicas - ro.pending, bounds.role(role).min_replicas)
+        stuck = sum(1 for waited in ro.unschedulable_s if waited >= grace_s)
+        if stuck > 0 and ro.replicas > 0:
+            ceiling = max(ro.replicas - stuck, bounds.role(role).min_replicas, 1)
             if (
                 role not in limited
                 or ceiling < limited[role]
@@ -350,8 +363,11 @@ def decide(
     now: float,
     bounds: Bounds,
     damping: FlapDamping = DAMPING,
+    pending_grace_s: float = PENDING_GRACE_S,
 ) -> tuple[Decision, PolicyState]:
-    """Target replicas for both pools with every reason, and the state to carry to the next call."""
+    """Target replicas for both pools with every reason, and the state to carry to the next call.
+
+    ``pending_grace_s``: how long a pod may stay Unschedulable before its pool is limited."""
     proposal = propose(observation, policy, state, now, bounds)
     current: dict[Role, int] = {r: observation.role(r).replicas for r in ROLES}
     algo_reasons = [x for r in ROLES for x in proposal.role(r).reasons]
@@ -404,7 +420,7 @@ def decide(
             machine_reasons.append(Reason("StepCapped", f"{role} step limited to {capped - cur:+d}", role))
         targets[role] = rb.clamp(capped)
 
-    limited, since = learn_ceiling(observation, policy, state, now, bounds)
+    limited, since = learn_ceiling(observation, policy, state, now, bounds, pending_grace_s)
     for role in ROLES:
         if role in limited and targets[role] > limited[role]:
             machine_reasons.append(

@@ -59,6 +59,9 @@ class RoleObservation:
     replicas: int  # desired replicas currently applied (spec of the child Deployment)
     ready: int  # pods Ready
     pending: int = 0  # pods that exist but are not scheduled (e.g. no GPU of that type left)
+    # how long each of them has been Unschedulable, in seconds (the scheduler found no node): what the
+    # Pending-pod ceiling learns from once a pod waited past the grace period (PENDING_GRACE_S)
+    unschedulable_s: tuple[float, ...] = ()
     gpus_per_replica: int = 1
     queue_depth: Measured = MISSING  # requests waiting, summed over the pool
     running: Measured = MISSING  # requests running, summed over the pool
