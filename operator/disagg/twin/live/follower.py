@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from disagg.api import deployment as deployment_api
+from disagg.api.common import API_GROUP, API_VERSION
 from disagg.twin.live.engine import KV_LOAD_FAILURE_POLICIES, KvLoadFailurePolicy, Role
 from disagg.twin.live.exposition import ENGINE_KINDS, EngineKind
 from disagg.twin.live.latency import LatencyChoice
@@ -52,7 +54,7 @@ GPU_TYPE_LABEL = "disagg.dev/gpu-type"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
 FOLLOWED_ROLES: tuple[Role, ...] = ("prefill", "decode")
-DD_GROUP, DD_VERSION, DD_PLURAL = "disagg.dev", "v1alpha1", "disaggregateddeployments"
+DD_GROUP, DD_VERSION, DD_PLURAL = API_GROUP, API_VERSION, deployment_api.PLURAL
 
 
 @dataclass(frozen=True)
