@@ -404,12 +404,19 @@ class LiveEngine:
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = time.monotonic()
-        self._last_admit_wall = self._t0
+        self._last_admit_wall = 0.0
 
     # clock -----------------------------------------------------------------------------------------
+    def _wall(self) -> float:
+        """Wall seconds since the engine was created. The step loop plans on this small number rather than
+        on time.monotonic() itself: that one is the time since boot, and its rounding (1e-9 s after four
+        months up, 1/time_scale times more in engine seconds) would make steps and gaps come out shorter
+        than the model says on a machine that has been up long."""
+        return time.monotonic() - self._t0
+
     def now(self) -> float:
         """Engine seconds since the engine was created."""
-        return (time.monotonic() - self._t0) / self.settings.time_scale
+        return self._wall() / self.settings.time_scale
 
     # lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -514,7 +521,7 @@ class LiveEngine:
     def _admit_local(self, request: LiveRequest) -> None:
         """Queue a request whose prompt this engine computes itself."""
         self.core.admit(request.core, self.now())
-        self._last_admit_wall = time.monotonic()
+        self._last_admit_wall = self._wall()
         self._work.set()
 
     def _kv_load_failed(self, request: LiveRequest, why: str) -> None:
@@ -612,17 +619,17 @@ class LiveEngine:
         self.core.admit(request.core, self.now())
         request.core.computed = request.core.prompt
         self.core.outstanding_tokens -= request.core.prompt
-        self._last_admit_wall = time.monotonic()
+        self._last_admit_wall = self._wall()
         self._work.set()
 
     # the step loop ---------------------------------------------------------------------------------
     def _engine_time(self, wall: float) -> float:
-        return (wall - self._t0) / self.settings.time_scale
+        return wall / self.settings.time_scale
 
     async def _loop(self) -> None:
-        deadline = time.monotonic()  # wall time at which the previous step ended (planned)
+        deadline = self._wall()  # wall time at which the previous step ended (planned)
         while True:
-            wall = time.monotonic()
+            wall = self._wall()
             start = deadline if 0.0 <= wall - deadline <= self.settings.max_lag_s else wall
             start = max(start, self._last_admit_wall)  # never before the work it plans arrived
             step = self.core.plan_step(self._engine_time(start))
@@ -643,7 +650,7 @@ class LiveEngine:
             computed = sum(n for r, n in step.chunks if r.preemptions == 0)
             self.metrics.record_prefix_cache(queried, hits, computed)
             deadline = start + step.duration * self.settings.time_scale
-            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(max(0.0, deadline - self._wall()))
             events = self.core.complete_step(step)
             self._after_step(
                 involved, events.finished, events.prefill_tokens, step.duration, self._engine_time(deadline)
