@@ -200,7 +200,7 @@ def test_the_startup_estimates_are_the_twins_for_the_spec_cached_and_downloading
 
 
 def test_the_scale_up_report_times_the_added_pods_and_says_why() -> None:
-    from disagg.controller.autoscaling import PodInfo
+    from disagg.controller.pods import PodInfo
 
     since = 1_800_000_000.0
     pods = [
