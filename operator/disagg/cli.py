@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "twin": Subcommand(
         "disagg.twin.live.cli", "the live twin: emulated engines with vLLM/SGLang metrics and APIs", "twin"
     ),
-    "demo": Subcommand("disagg.demo", "the closed-loop demo on the local control plane", "twin"),
+    "demo": Subcommand("disagg.demo.cli", "the closed-loop demo on the local control plane", "twin"),
     "conformance": Subcommand(
         "disagg.conformance.cli",
         "check what a DisaggregatedDeployment renders against the released engines and routers",

@@ -15,16 +15,15 @@ Definitions (stated here once, used everywhere):
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from disagg.twin import html_report
 from disagg.twin.sim import SimResult
 
 
@@ -140,19 +139,9 @@ def format_table(reports: Sequence[Report]) -> str:
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
-def _png(fig: object) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")  # type: ignore[attr-defined]
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def plot_latency(results: Sequence[tuple[str, SimResult]], ttft_slo_s: float, itl_slo_s: float) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+def plot_latency(results: Sequence[tuple[str, SimResult]], ttft_slo_s: float, itl_slo_s: float) -> Any:
+    """TTFT and ITL percentiles per interval of each result, against the SLO targets."""
+    fig, axes = html_report.pyplot().subplots(2, 1, figsize=(10, 6), sharex=True)
     for label, res in results:
         t = [p["time"] for p in res.timeline]
         for ax, metric in zip(axes, ("ttft", "itl"), strict=True):
@@ -167,18 +156,12 @@ def plot_latency(results: Sequence[tuple[str, SimResult]], ttft_slo_s: float, it
     axes[1].set_yscale("log")
     axes[1].set_xlabel("time (s)")
     axes[0].legend(fontsize=7, ncol=2)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return fig
 
 
-def plot_replicas(results: Sequence[tuple[str, SimResult]]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 3))
+def plot_replicas(results: Sequence[tuple[str, SimResult]]) -> Any:
+    """Allocated and ready replicas per role of each result over time."""
+    fig, ax = html_report.pyplot().subplots(figsize=(10, 3))
     for label, res in results:
         roles = sorted({r for _, d in res.replicas for r in d})
         for role in roles:
@@ -190,9 +173,7 @@ def plot_replicas(results: Sequence[tuple[str, SimResult]]) -> str:
     ax.set_ylabel("replicas")
     ax.set_xlabel("time (s)")
     ax.legend(fontsize=7, ncol=2)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def write_html(
@@ -203,21 +184,18 @@ def write_html(
 ) -> Path:
     """One self-contained HTML file: the table and PNG plots embedded as data URIs."""
     ttft, itl = reports[0].ttft_slo_s, reports[0].itl_slo_s
-    lat = plot_latency(results, ttft, itl)
-    reps = plot_replicas(results)
-    body = [
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>SLO: TTFT &le; {ttft:g} s and mean ITL (TPOT) &le; {itl:g} s per request. "
-        "Goodput counts requests meeting both.</p>",
-        f"<pre>{html.escape(format_table(reports))}</pre>",
-        "<h2>Latency percentiles per interval</h2>",
-        f'<img alt="latency" src="data:image/png;base64,{lat}">',
-        "<h2>Replicas over time</h2>",
-        f'<img alt="replicas" src="data:image/png;base64,{reps}">',
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>"
-        f"{html.escape(title)}</title></head><body>{''.join(body)}</body></html>"
+    return html_report.write_page(
+        path,
+        title,
+        [
+            html_report.paragraph(
+                f"SLO: TTFT &le; {ttft:g} s and mean ITL (TPOT) &le; {itl:g} s per request. "
+                "Goodput counts requests meeting both."
+            ),
+            html_report.preformatted(format_table(reports)),
+            html_report.heading("Latency percentiles per interval"),
+            html_report.embedded_figure(plot_latency(results, ttft, itl), "latency"),
+            html_report.heading("Replicas over time"),
+            html_report.embedded_figure(plot_replicas(results), "replicas"),
+        ],
     )
-    return path
