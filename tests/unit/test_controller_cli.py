@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from disagg.controller.cli import configure
+from disagg.controller.cli import configure, operator_settings
 from disagg.controller.operator import RunOptions, kopf_settings
 from disagg.controller.settings import ControllerSettings
 
@@ -45,3 +45,21 @@ def test_kopf_keeps_its_state_in_annotations_so_status_stays_ours() -> None:
     assert settings.posting.level == logging.WARNING
     assert settings.peering.lifetime == 30
     assert settings.execution.max_workers == 3
+
+
+def test_settings_come_from_the_environment_and_the_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("DISAGG_RESYNC_INTERVAL_S", "30")
+    monkeypatch.setenv("DISAGG_AUTOSCALING_TICK_S", "0.5")
+    monkeypatch.setenv("DISAGG_PROMETHEUS_URL", "http://from-env:9090")
+    from_env = operator_settings(parse("-n", "a"))
+    assert from_env.resync_interval_s == 30.0 and from_env.autoscaling.tick_s == 0.5
+    assert from_env.autoscaling.prometheus_url == "http://from-env:9090"
+    flagged = operator_settings(
+        parse("-n", "a", "--resync-interval", "12", "--prometheus-url", "http://p:9090")
+    )
+    assert flagged.resync_interval_s == 12.0 and flagged.autoscaling.prometheus_url == "http://p:9090"
+    assert flagged.autoscaling.tick_s == 0.5  # what no flag names still comes from the environment
+    with pytest.raises(ValidationError, match="resync_interval_s"):
+        operator_settings(parse("-n", "a", "--resync-interval", "0"))

@@ -783,6 +783,10 @@ class DesiredReplicas(ApiModel):
     decode: int = Field(ge=0, description="Desired decode replicas.")
 
 
+# the longest message a decision in status.autoscaling keeps (the CRD's maxLength; longer ones are cut)
+MAX_DECISION_MESSAGE = 4096
+
+
 class ScalingDecision(ApiModel):
     """One decision of the autoscaler."""
 
@@ -793,7 +797,7 @@ class ScalingDecision(ApiModel):
     prefill: int = Field(ge=0, description="Prefill replicas decided.")
     decode: int = Field(ge=0, description="Decode replicas decided.")
     cause: str = Field(max_length=128, description="Primary reason code, e.g. TTFTBreachPrefillQueue.")
-    message: str = Field(default="", max_length=4096, description="Why, for people.")
+    message: str = Field(default="", max_length=MAX_DECISION_MESSAGE, description="Why, for people.")
 
 
 # the most decisions status.autoscaling keeps (the CRD's maxItems; the operator's setting may not exceed it)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from disagg.api.common import rfc3339, set_api_condition, shorten
-from disagg.api.deployment import ScalingDecision
+from disagg.api.deployment import MAX_DECISION_MESSAGE
 from disagg.k8s.client import DISAGG_DEPLOYMENT, KubeApi
 from disagg.k8s.events import post_event
 from disagg.policy.types import ROLES, Decision, Observation
@@ -18,8 +18,6 @@ from disagg.policy.types import ROLES, Decision, Observation
 CONDITION_METRICS = "MetricsAvailable"
 CONDITION_ACTIVE = "ScalingActive"
 CONDITION_LIMITED = "ScalingLimited"
-# status.autoscaling.decisions[].message holds at most this (the API model's, hence the CRD's, maxLength)
-MAX_DECISION_MESSAGE = ScalingDecision.model_fields["message"].metadata[0].max_length
 
 
 def decision_message(decision: Decision) -> str:

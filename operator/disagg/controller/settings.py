@@ -7,7 +7,7 @@ fields, ``DISAGG_AUTOSCALING_<FIELD>`` for the autoscaling loop's, and ``DISAGG_
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from disagg.api.deployment import MAX_STATUS_DECISIONS
@@ -18,7 +18,9 @@ from disagg.policy.engine import PENDING_GRACE_S
 class AutoscalingSettings(BaseSettings):
     """Knobs of the autoscaling loop itself (the policy's own knobs live in the RatioPolicy)."""
 
-    model_config = SettingsConfigDict(env_prefix="DISAGG_AUTOSCALING_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="DISAGG_AUTOSCALING_", frozen=True, extra="ignore", populate_by_name=True
+    )
 
     # base timer interval; evaluations happen on each policy's evaluationIntervalSeconds
     tick_s: float = Field(default=2.0, gt=0)
@@ -27,9 +29,7 @@ class AutoscalingSettings(BaseSettings):
     # decisions kept in status, newest first; at most the CRD's maxItems (a longer list fails every write)
     max_decisions: int = Field(default=MAX_STATUS_DECISIONS, ge=1, le=MAX_STATUS_DECISIONS)
     # Prometheus the loop reads its signals from; None: no signals (the policy holds, fail-static)
-    prometheus_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("prometheus_url", "DISAGG_PROMETHEUS_URL")
-    )
+    prometheus_url: str | None = Field(default=None, validation_alias="DISAGG_PROMETHEUS_URL")
 
 
 class ControllerSettings(BaseSettings):
