@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from disagg.api.common import set_api_condition
 from disagg.controller.gate import ReconcileGate
 from disagg.controller.reconcile import FULL, REFRESH, SKIP, Applied, Reconciler, validate
 from disagg.controller.settings import ControllerSettings
@@ -16,7 +17,6 @@ from disagg.controller.status import (
     RoleState,
     build_status,
     role_state,
-    set_condition,
     status_differs,
 )
 from disagg.k8s.apply import apply_waves, controller_owner, matches, owner_reference, with_owner
@@ -105,10 +105,10 @@ def test_problem_degrades_and_blocks_progress() -> None:
 
 
 def test_last_transition_time_moves_only_when_status_flips() -> None:
-    first = set_condition([], "Ready", False, "ReplicasNotReady", "0/1", 1, T0)
-    same = set_condition(first, "Ready", False, "ReplicasNotReady", "still 0/1", 2, T1)
+    first = set_api_condition([], "Ready", False, "ReplicasNotReady", "0/1", 1, T0)
+    same = set_api_condition(first, "Ready", False, "ReplicasNotReady", "still 0/1", 2, T1)
     assert same[0]["lastTransitionTime"] == T0_TEXT and same[0]["message"] == "still 0/1"
-    flipped = set_condition(same, "Ready", True, "AllReplicasReady", "1/1", 2, T1)
+    flipped = set_api_condition(same, "Ready", True, "AllReplicasReady", "1/1", 2, T1)
     assert flipped[0]["lastTransitionTime"] == T1_TEXT
 
 

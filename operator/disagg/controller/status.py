@@ -7,7 +7,7 @@ Source: https://github.com/kubernetes/community/blob/master/contributors/devel/s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,20 +70,6 @@ def role_state(deployment: Mapping[str, Any] | None) -> RoleState | None:
     return RoleState(desired, replicas, ready, updated, rolled_out, failure)
 
 
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: Moment,
-) -> list[dict[str, Any]]:
-    """The conditions with ``type_`` set (:func:`disagg.api.common.set_api_condition`), sorted by type."""
-    updated = set_api_condition(conditions, type_, status, reason, message, generation, now)
-    return sorted(updated, key=lambda c: str(c.get("type")))
-
-
 def _role_summary(name: str, state: RoleState | None) -> str:
     if state is None:
         return f"{name} missing"
@@ -131,21 +117,21 @@ def build_status(
 
     conditions: list[dict[str, Any]] = list(current.get("conditions") or [])
     if problem is not None:
-        conditions = set_condition(
+        conditions = set_api_condition(
             conditions, "Degraded", True, problem.reason, problem.message, generation, now
         )
     elif failures:
         message = "; ".join(failures)
-        conditions = set_condition(conditions, "Degraded", True, "ChildFailing", message, generation, now)
+        conditions = set_api_condition(conditions, "Degraded", True, "ChildFailing", message, generation, now)
     else:
         message = "children match the spec"
-        conditions = set_condition(conditions, "Degraded", False, "Reconciled", message, generation, now)
+        conditions = set_api_condition(conditions, "Degraded", False, "Reconciled", message, generation, now)
 
     if model_cached is None:
         conditions = [c for c in conditions if c.get("type") != MODEL_CACHED]
     else:
         cached, cache_reason, cache_message = model_cached
-        conditions = set_condition(
+        conditions = set_api_condition(
             conditions, MODEL_CACHED, cached, cache_reason, cache_message, generation, now
         )
     waiting = model_cached is not None and not model_cached[0]
@@ -158,7 +144,9 @@ def build_status(
         ready_reason, ready_message = problem.reason, problem.message
     else:
         ready_reason, ready_message = "ReplicasNotReady", summary
-    conditions = set_condition(conditions, "Ready", rolled_out, ready_reason, ready_message, generation, now)
+    conditions = set_api_condition(
+        conditions, "Ready", rolled_out, ready_reason, ready_message, generation, now
+    )
 
     if problem is not None and not problem.transient:
         progressing, reason, message = False, "Blocked", f"cannot progress: {problem.message}"
@@ -168,9 +156,8 @@ def build_status(
         progressing, reason, message = False, "RolloutComplete", summary
     else:
         progressing, reason, message = True, "RollingOut", summary
-    status["conditions"] = set_condition(
-        conditions, "Progressing", progressing, reason, message, generation, now
-    )
+    conditions = set_api_condition(conditions, "Progressing", progressing, reason, message, generation, now)
+    status["conditions"] = sorted(conditions, key=lambda c: str(c.get("type")))
     return status
 
 
