@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from disagg.api.crd import all_crds
 from disagg.cluster.local import free_ports
 from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL
-from disagg.k8s.client import CRD, DISAGG_DEPLOYMENT, JOB, MERGE_PATCH, POD, JsonDict, Kind, KubeApi
+from disagg.k8s.client import DISAGG_DEPLOYMENT, JOB, MERGE_PATCH, POD, JsonDict, Kind, KubeApi
+from disagg.k8s.crds import install_crds
 
 _OPERATOR_KEY = pytest.StashKey[list["OperatorProcess"]]()
 _LOG_TAIL_BYTES = 8000
@@ -97,21 +97,7 @@ def kube(k8s_api: Any) -> KubeApi:
 @pytest.fixture(scope="session")
 def crds(kube: KubeApi) -> list[str]:
     """The disagg.dev CRDs, applied from the models and Established; their names."""
-    names = []
-    for crd in all_crds():
-        kube.apply(crd, field_manager="disagg-tests")
-        names.append(crd["metadata"]["name"])
-
-    def established() -> bool:
-        for name in names:
-            obj = kube.get(CRD, None, name) or {}
-            conditions = (obj.get("status") or {}).get("conditions") or []
-            if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
-                return False
-        return True
-
-    poll(established, what=f"CRDs {names} Established")
-    return names
+    return install_crds(kube, field_manager="disagg-tests")
 
 
 def _start_operator(
