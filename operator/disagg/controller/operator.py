@@ -68,6 +68,8 @@ def run_operator(options: RunOptions) -> int:
     metrics = create_metrics()
     reconciler = Reconciler(api, options.settings, metrics)
     registry = kopf.OperatorRegistry()
+    # a fresh registry has no login handler (kopf's default one adds them): log in as the client we use
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     handlers.register(registry, ReconcileContext(reconciler, ReconcileGate(), options.settings))
     autoscaling = AutoscalingMetrics.create(metrics.registry)
     autoscaler.register(
