@@ -129,3 +129,16 @@ def test_simulate_cli_bad_deployment_names_field(tmp_path: Path, capsys: pytest.
     dep.write_text("model: llama-3.1-8b\nprefill: {replicas: 1, tp: 3}\ndecode: {replicas: 1}\n")
     assert main(["simulate", "--trace", str(trace), "--deployment", str(dep), "--quiet"]) == 2
     assert "tp" in capsys.readouterr().err
+
+
+def test_simulate_progress_off_a_terminal_is_one_line_per_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_tiny_azure(tmp_path)
+    dep = tmp_path / "dep.yaml"
+    dep.write_text("model: llama-3.1-8b\nprefill: {replicas: 1, tp: 1}\ndecode: {replicas: 1, tp: 1}\n")
+    assert main(["simulate", "--trace", str(trace), "--deployment", str(dep), "--compare", "colocated"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err  # captured stderr is no terminal: nothing redrawn
+    lines = err.splitlines()
+    assert len(lines) == 2 and all(": done in " in line and line.endswith("s wall") for line in lines)

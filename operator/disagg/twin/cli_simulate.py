@@ -6,7 +6,8 @@ D is a DisaggregatedDeployment YAML (model name, TP and replicas are read from i
 deployment YAML (the fields of :class:`disagg.twin.sim.SimDeployment`). P is a RatioPolicy YAML: its SLO
 becomes the goodput target and, unless ``--static``, ``disagg.policy.decide`` runs in the loop every
 ``evaluationIntervalSeconds``. ``--compare colocated`` also runs a colocated deployment on the same GPUs.
-A table goes to stdout, a progress line to stderr, and ``report.html`` plus ``summary.json`` to ``--out``.
+A table goes to stdout, progress to stderr (a bar in a terminal, one line per run elsewhere), and
+``report.html`` plus ``summary.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
@@ -57,22 +60,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _progress(label: str) -> Any:
-    start = time.monotonic()
-    last = [0.0]
-
-    def show(now: float, done: int, total: int) -> None:
-        if time.monotonic() - last[0] < 0.5:
-            return
-        last[0] = time.monotonic()
-        pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write(
-            f"\r{label}: t={now:8.0f}s  {done}/{total} requests ({pct:5.1f}%)  "
-            f"{time.monotonic() - start:5.1f}s wall"
-        )
-        sys.stderr.flush()
-
-    return show
+def simulation_progress(console: Console, quiet: bool) -> Progress:
+    """Each run's progress on stderr: a bar in a terminal; off a terminal (a CI log, a pipe) nothing is
+    redrawn, only each run's ``done in`` line is printed."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} requests  t={task.fields[simulated_s]:8.0f}s"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    )
 
 
 def load_policy(path: Path) -> Any:
@@ -156,22 +155,30 @@ def run(args: argparse.Namespace) -> int:
         runs.append((f"{dep.name} colocated", dep.colocated_equivalent(), None))
     results: list[tuple[str, SimResult]] = []
     reports: list[Report] = []
-    for label, d, c in runs:
-        t0 = time.monotonic()
-        res = simulate(
-            d,
-            reqs,
-            controller=c,
-            interval_s=slo.interval_s,
-            seed=args.seed,
-            percentile=slo.percentile,
-            window_s=slo.window_s,
-            progress=None if args.quiet else _progress(label),
-        )
-        if not args.quiet:
-            sys.stderr.write(f"\r{label}: done in {time.monotonic() - t0:.1f}s wall{' ' * 40}\n")
-        results.append((label, res))
-        reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
+    stderr = Console(stderr=True, soft_wrap=True, markup=False, highlight=False, emoji=False)
+    with simulation_progress(stderr, args.quiet) as progress:
+        for label, d, c in runs:
+            t0 = time.monotonic()
+            task = progress.add_task(label, total=len(reqs), simulated_s=0.0)
+
+            def show(now: float, done: int, total: int, task: TaskID = task) -> None:
+                progress.update(task, completed=done, total=total, simulated_s=now)
+
+            res = simulate(
+                d,
+                reqs,
+                controller=c,
+                interval_s=slo.interval_s,
+                seed=args.seed,
+                percentile=slo.percentile,
+                window_s=slo.window_s,
+                progress=show,
+            )
+            progress.remove_task(task)
+            if not args.quiet:
+                progress.console.print(f"{label}: done in {time.monotonic() - t0:.1f}s wall")
+            results.append((label, res))
+            reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
     print(
         f"trace {args.trace.name}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s"
     )
