@@ -8,6 +8,7 @@
   offline simulator and the live twin.
 * :mod:`disagg.twin.sim` - the discrete-event simulator (pools, routing, KV transfer, scaling, observations).
 * :mod:`disagg.twin.traffic` - Azure / Mooncake / BurstGPT loaders and synthetic generators.
-* :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, HTML report.
+* :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, the simulation's plots.
+* :mod:`disagg.twin.html_report` - the HTML report writer of `disagg simulate` and `disagg demo`.
 * ``disagg simulate`` (:mod:`disagg.twin.cli_simulate`) and ``disagg twin`` (:mod:`disagg.twin.live.cli`).
 """
