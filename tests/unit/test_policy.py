@@ -712,7 +712,8 @@ def test_a_saturated_prefill_pool_teaches_the_model_its_real_capacity() -> None:
     )
 
     service = PrefillService(mean_s=0.1, second_moment=0.01, latency_tail_s=0.5, mean_latency_s=0.3)
-    busy = obs(p=2, prompt=2000.0)  # the model: 2000 tokens per 0.1 s = 20k tokens/s per replica
+    # the model: 2000 tokens per 0.1 s = 20k tokens/s per replica; 40k tokens/s arrive, 20k are computed
+    busy = obs(p=2, prompt=2000.0, rate=20.0)
     busy = replace(
         busy,
         prefill=replace(busy.prefill, queue_depth=Measured.of(50.0), token_throughput=Measured.of(20000.0)),
@@ -720,6 +721,24 @@ def test_a_saturated_prefill_pool_teaches_the_model_its_real_capacity() -> None:
     assert saturated_prefill_correction(busy, service, 2000.0) == pytest.approx(2.0)  # 10k measured
     calm = replace(busy, prefill=replace(busy.prefill, queue_depth=Measured.of(1.0)))
     assert saturated_prefill_correction(calm, service, 2000.0) is None
+    # a queue at this instant, but over the window the pool computed all that arrived (20k of 20k):
+    # it kept up, and its throughput says nothing about its capacity
+    keeping_up = replace(busy, request_rate=Measured.of(10.0))
+    assert saturated_prefill_correction(keeping_up, service, 2000.0) is None
+
+
+def test_a_saturated_pool_raises_the_correction_only_once_it_served_a_window_at_its_size() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(p=2, d=2, rate=20.0, prompt=2000.0, output=100.0)
+    o = replace(
+        o, prefill=replace(o.prefill, queue_depth=Measured.of(200.0), token_throughput=Measured.of(5000.0))
+    )
+    _, settled = run(o, policy, bounds=MB_BOUNDS)
+    # the same observation 30 s after prefill grew: the window's throughput is partly the old pool's
+    grown = PolicyState(last_scale_up={"prefill": o.time - 30.0})
+    _, fresh = run(o, policy, state=grown, bounds=MB_BOUNDS)
+    assert settled.correction["prefill"] > 1.0
+    assert fresh.correction.get("prefill", 1.0) == pytest.approx(1.0)
 
 
 def test_model_based_grows_prefill_on_a_ttft_breach_only_where_requests_queue() -> None:
@@ -756,3 +775,48 @@ def test_model_based_decode_shrink_must_be_proven_by_the_observed_itl() -> None:
     calm = replace(o, itl=Measured.of(0.012))
     d, _ = run(calm, policy, bounds=MB_BOUNDS)
     assert d.decode == 1
+
+
+def test_model_based_plans_each_pool_for_its_work_not_the_request_rate() -> None:
+    from disagg.policy.model_based import work_plan
+
+    # chat at 20 req/s of 2000-token prompts and 100-token answers gives way to documents: 6 req/s of
+    # 7000-token prompts and 300-token answers. Prefill work stays ~40k tokens/s; the window's peak
+    # request rate (20) at the new prompt length would plan for 140k tokens/s
+    policy = spec(algorithm="model-based")
+    now = 600.0
+    history = tuple((now - 30.0 * i, 20.0) for i in range(12, 0, -1))
+    work = tuple((t, r * 2000.0, r * 100.0) for t, r in history)
+    state = PolicyState(load_history=history, work_history=work)
+    prefill = work_plan(state, "prefill", now, 6.0, 7000.0, policy, MB_BOUNDS, 300.0)
+    decode = work_plan(state, "decode", now, 6.0, 300.0, policy, MB_BOUNDS, 300.0)
+    assert prefill.plan == pytest.approx(40_000.0 / 7000.0, rel=0.05)
+    assert prefill.shrink_peak == pytest.approx(40_000.0 / 7000.0, rel=0.05)
+    assert decode.plan == pytest.approx(6.0, rel=0.15)  # 2000 tokens/s then, 1800 now
+    # an operator restored from memory without a work history plans from the rates at today's lengths
+    rates_only = work_plan(
+        PolicyState(load_history=history), "prefill", now, 6.0, 7000.0, policy, MB_BOUNDS, 300.0
+    )
+    assert rates_only.plan > 2.5 * prefill.plan
+
+
+def test_a_queue_growing_at_each_evaluation_is_read_as_arrivals_outrunning_the_pool() -> None:
+    from disagg.policy.model_based import queue_growth_rate
+
+    # 10 -> 130 -> 400 requests over two evaluations: arrivals outrun 2 ready replicas by 9 req/s now
+    assert queue_growth_rate(((0.0, 10.0), (30.0, 130.0)), 60.0, 400.0, 2) == pytest.approx(9.0)
+    # a burst shorter than an evaluation fills the queue once; it is already draining
+    assert queue_growth_rate(((0.0, 10.0), (30.0, 400.0)), 60.0, 150.0, 2) == 0.0
+    # one sample of history is not a trend, and a queue within one request per replica is noise
+    assert queue_growth_rate(((30.0, 10.0),), 60.0, 400.0, 2) == 0.0
+    assert queue_growth_rate(((0.0, 0.0), (30.0, 1.0)), 60.0, 2.0, 4) == 0.0
+
+
+def test_model_based_grows_prefill_ahead_of_the_window_when_its_queue_keeps_growing() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(t=60.0, p=2, d=2, rate=14.0, prompt=1400.0, output=200.0, ttft=0.8)
+    o = replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(400.0)))
+    calm, _ = run(o, policy, bounds=MB_BOUNDS)
+    growing = PolicyState(prefill_queue=((0.0, 10.0), (30.0, 130.0)))
+    ahead, _ = run(o, policy, state=growing, bounds=MB_BOUNDS)
+    assert ahead.prefill > calm.prefill

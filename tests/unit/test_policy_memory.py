@@ -23,6 +23,7 @@ def _state(now: float = NOW) -> PolicyState:
         limited_since={"decode": now - 60},
         correction={"prefill": 1.25, "decode": 0.8, "prefill-wait": 1.1},
         load_history=tuple((now - 15.0 * i, 10.0 + i / 7) for i in range(40, -1, -1)),
+        work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
         slo_spend=0.125,
     )
@@ -37,6 +38,10 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert len(restored.load_history) == len(state.load_history)
     for (t0, r0), (t1, r1) in zip(state.load_history, restored.load_history, strict=True):
         assert abs(t0 - t1) <= 0.5 and abs(r0 - r1) <= 0.0005
+    assert len(restored.work_history) == len(state.work_history)
+    for w0, w1 in zip(state.work_history, restored.work_history, strict=True):
+        assert abs(w0[0] - w1[0]) <= 0.5
+        assert w1[1] == pytest.approx(w0[1], rel=5e-3) and w1[2] == pytest.approx(w0[2], rel=5e-3)
     assert restored.last_scale_up == {"decode": round(NOW - 120.4)}
     assert restored.last_scale_down == {"prefill": NOW - 600.0}
     assert restored.flaps == {"decode": (NOW - 900.0, NOW - 300.0)}
@@ -117,6 +122,7 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
 def test_size_is_bounded_and_the_newest_samples_are_kept() -> None:
     state = PolicyState(
         load_history=tuple((NOW - 3599.0 + i * 3.0, 1234.56789 + i) for i in range(1200)),
+        work_history=tuple((NOW - 3599.0 + i * 3.0, 123456.789 + i, 9876.54321 + i) for i in range(1200)),
         flaps={"decode": tuple(NOW - i for i in range(500))},
         correction={f"role-{i}": 1.0 for i in range(200)},
         last_scale_up={f"role-{i}": NOW for i in range(200)},
@@ -125,7 +131,10 @@ def test_size_is_bounded_and_the_newest_samples_are_kept() -> None:
     assert len(memory["loadHistory"]) == MAX_SAMPLES
     newest_t, newest_rate = state.load_history[-1]
     assert memory["loadHistory"][-1] == [round(newest_t), round(newest_rate, 3)]
-    assert len(json.dumps(memory)) < 6000
+    assert len(memory["workHistory"]) == MAX_SAMPLES
+    newest_work = state.work_history[-1]  # (t, 124655.789, 11075.54321): three significant digits kept
+    assert memory["workHistory"][-1] == [round(newest_work[0]), 125000.0, 11100.0]
+    assert len(json.dumps(memory)) < 10_000
     restored = from_memory(memory, NOW)
     assert restored.load_history[-1][0] == round(state.load_history[-1][0])
     assert len(restored.load_history) == MAX_SAMPLES

@@ -32,6 +32,7 @@ from disagg.policy.feedback import (
     steady_arrivals,
 )
 from disagg.policy.model_based import (
+    QUEUE_MEMORY_S,
     LatencyModelLike,
     computed_prompts,
     decode_batch_at_slo,
@@ -43,6 +44,7 @@ from disagg.policy.model_based import (
     resolve_profile,
     step_shape,
     update_corrections,
+    work_sample,
 )
 from disagg.policy.proposal import Proposal, RoleProposal
 from disagg.policy.types import (
@@ -454,6 +456,14 @@ def decide(
     history = tuple((t, r) for t, r in state.load_history if now - t <= span) + (
         ((now, rate.value),) if rate.ok and rate.value is not None else ()
     )
+    work = work_sample(observation)
+    waiting = observation.prefill.queue_depth
+    prefill_queue = tuple(q for q in state.prefill_queue if now - q[0] <= QUEUE_MEMORY_S)[-2:] + (
+        ((now, waiting.value),) if waiting.ok and waiting.value is not None else ()
+    )
+    work_history = tuple(w for w in state.work_history if now - w[0] <= span) + (
+        ((now, *work),) if work is not None else ()
+    )
     new_state = PolicyState(
         recommendations=recs,
         last_scale_up=last_up,
@@ -463,6 +473,8 @@ def decide(
         slo_spend=proposal.slo_spend if proposal.slo_spend is not None else state.slo_spend,
         limited_since=since,
         load_history=history,
+        work_history=work_history,
+        prefill_queue=prefill_queue,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
     )
     decision = Decision(

@@ -41,11 +41,11 @@ class Forecast:
     trusted: bool
     samples: int
 
-    def describe(self) -> str:
+    def describe(self, unit: str = "req/s") -> str:
         trust = "trusted" if self.trusted else "untrusted"
         return (
-            f"forecast {self.mean:.2f} req/s (band {self.upper:.2f}, {trust}, "
-            f"trend {self.slope * 60:+.2f} req/s per min over {self.samples} samples)"
+            f"forecast {self.mean:.4g} {unit} (band {self.upper:.4g}, {trust}, "
+            f"trend {self.slope * 60:+.3g} {unit} per min over {self.samples} samples)"
         )
 
 

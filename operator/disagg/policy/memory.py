@@ -29,7 +29,7 @@ from disagg.policy.types import PolicyState
 
 VERSION = 1
 MAX_AGE_S = 3600.0  # the API's longest stabilisation window: nothing older still matters
-MAX_SAMPLES = 120  # load_history samples kept (newest)
+MAX_SAMPLES = 120  # load_history and work_history samples kept (newest)
 MAX_FLAPS = 16  # flap times kept per role (newest)
 MAX_KEYS = 16  # entries kept in each per-role/per-name dict (roles, correction names)
 MAX_KEY_LENGTH = 63
@@ -42,6 +42,11 @@ def _time(t: float) -> int:
 
 def _rate(r: float) -> float:
     return round(r, 3)
+
+
+def _work(w: float) -> float:
+    """Tokens/s to three significant digits: plenty for planning, and short in status."""
+    return float(f"{w:.3g}")
 
 
 def _finite(value: Any) -> float | None:
@@ -63,12 +68,18 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         for t, r in state.load_history
         if _finite(t) is not None and _finite(r) is not None and now - t <= MAX_AGE_S
     ][-MAX_SAMPLES:]
+    work = [
+        [_time(w[0]), _work(w[1]), _work(w[2])]
+        for w in state.work_history
+        if all(_finite(x) is not None for x in w) and now - w[0] <= MAX_AGE_S
+    ][-MAX_SAMPLES:]
     correction = {k: v for k in _keys(state.correction) if (v := _finite(state.correction[k])) is not None}
     flaps = {k: kept for k in _keys(state.flaps) if (kept := _recent(state.flaps[k], now)[-MAX_FLAPS:])}
     return {
         "version": VERSION,
         "savedAt": _time(now),
         "loadHistory": history,
+        "workHistory": work,
         "correction": correction,
         "sloSpend": _finite(state.slo_spend),
         "flaps": flaps,
@@ -117,6 +128,15 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         if t is not None and r is not None and r >= 0:
             history.append((t, r))
     history.sort(key=lambda s: s[0])
+    work: list[tuple[float, float, float]] = []
+    work_samples = data.get("workHistory")
+    for sample in work_samples if isinstance(work_samples, list) else ():
+        if not isinstance(sample, list | tuple) or len(sample) != 3:
+            continue
+        t, p, d = _restore_time(sample[0], now), _finite(sample[1]), _finite(sample[2])
+        if t is not None and p is not None and d is not None and p >= 0 and d >= 0:
+            work.append((t, p, d))
+    work.sort(key=lambda s: s[0])
     correction_in = _mapping(data.get("correction"))
     correction = {
         k: v for k in _keys(correction_in) if (v := _finite(correction_in[k])) is not None and v > 0
@@ -132,6 +152,7 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
             flaps[k] = tuple(times[-MAX_FLAPS:])
     return PolicyState(
         load_history=tuple(history[-MAX_SAMPLES:]),
+        work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,
         slo_spend=min(max(spend, 0.0), 1.0) if spend is not None else None,
         flaps=flaps,

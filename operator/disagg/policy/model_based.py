@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from statistics import NormalDist
 from typing import Protocol
 
@@ -48,7 +49,7 @@ from disagg.policy.feedback import (
 )
 from disagg.policy.forecast import Forecast, forecast_rate, planning_horizon_s
 from disagg.policy.proposal import Proposal, RoleProposal
-from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, ServingProfile
+from disagg.policy.types import Bounds, Measured, Observation, PolicyState, Reason, Role, ServingProfile
 
 Z90 = NormalDist().inv_cdf(0.9)
 MAX_PROMPT = 1_048_576.0
@@ -66,6 +67,11 @@ MAX_UTILIZATION = 0.97
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
 MAX_PREFIX_HIT = 0.95
+# queue samples older than this are not "the last evaluations" (an operator that paused, a restart)
+QUEUE_MEMORY_S = 180.0
+# a prefill pool falls behind when, over the metric window, it computed less than this share of the
+# prompt tokens that arrived: only then is its throughput its capacity (saturated_prefill_correction)
+FALLING_BEHIND = 0.9
 # the queue correction may say the model's waits are up to 4x too long, or up to 1.5x too short (a
 # pool breaching is handled by the breach rules, not by trusting the model less)
 QUEUE_CORRECTION_RANGE = (0.25, 1.5)
@@ -386,7 +392,14 @@ def update_corrections(
     prompt, out = _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
     if itl is not None and running is not None and prompt is not None and out is not None:
         batch = max(round(running / max(obs.decode.replicas, 1)), 1)
-        expected = models.decode.decode_step_time_s(batch, int(batch * (prompt + out / 2)))
+        # the observed ITL is a percentile: compare it with the step at the same percentile of the
+        # batch's context (as decode_batch_at_slo sizes), not at the mean. Against the mean, long
+        # heavy-tailed documents read as a slow engine (x1.43) and decode was sized for the tail twice
+        context = prompt + out / 2
+        p90_prompt = _v(obs.prompt_tokens_p90)
+        spread = max((p90_prompt - prompt) if p90_prompt is not None else 0.0, 0.0)
+        tokens = batch * context + math.sqrt(batch) * spread
+        expected = models.decode.decode_step_time_s(batch, int(tokens))
         if expected > 0:
             corr["decode"] = _ema(corr.get("decode"), itl / expected, weight)
     return corr
@@ -407,18 +420,67 @@ def forecast_window_s(policy: RatioPolicySpec, bounds: Bounds) -> float:
     return max(2.0 * startup_horizon_s(policy, bounds), float(policy.scale_down.stabilization_window_seconds))
 
 
-def rate_forecast(
-    obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
-) -> Forecast:
-    rate = _v(obs.request_rate) or 0.0
-    return forecast_rate(
-        state.load_history,
+def work_sample(obs: Observation) -> tuple[float, float] | None:
+    """The work arriving for each pool now: prompt tokens/s prefill computes (prefix-cache hits removed)
+    and output tokens/s decode generates; None when the rate or a length is unmeasured."""
+    rate, out = _v(obs.request_rate), _v(obs.output_tokens_mean)
+    computed, _ = computed_prompts(obs)
+    if rate is None or out is None or computed is None:
+        return None
+    return rate * computed, rate * out
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """One pool's load to plan for, in requests/s at today's lengths."""
+
+    plan: float  # grow for this
+    keep: float  # shrink no lower than what this needs
+    shrink_peak: float  # the scale-down window's busiest moment
+    forecast: Forecast  # of the pool's work (tokens/s)
+
+
+def work_plan(
+    state: PolicyState,
+    role: Role,
+    now: float,
+    rate: float,
+    per_request: float,
+    policy: RatioPolicySpec,
+    bounds: Bounds,
+    shrink_window: float,
+) -> WorkPlan:
+    """The load one pool plans for, from the history of its own work (:func:`work_sample`), divided by
+    the tokens a request brings now (``per_request``). A trusted trend: grow for its expected value at
+    the moment replicas asked for now will serve, and keep what its upper band needs; bursty or too
+    little history: the short trend ahead, or the metric window's peak if higher. Without a work history
+    (memory restored from an older operator) the request rates stand in at today's lengths.
+
+    In work, not requests: when chat turns into long documents the request rate falls while each
+    request's prefill grows five-fold; the window's peak *rate* at the new length planned for a load
+    that never came (seen: a mix shift grew prefill 8 -> 12 and decode 3 -> 7 on a falling rate)."""
+    column = 1 if role == "prefill" else 2
+    series = [(w[0], w[column]) for w in state.work_history]
+    if not series:
+        series = [(t, r * per_request) for t, r in state.load_history]
+    present = rate * per_request
+    mb = policy.model_based
+    fc = forecast_rate(
+        series,
         now,
-        rate,
+        present,
         startup_horizon_s(policy, bounds),
         forecast_window_s(policy, bounds),
         policy.slo.ttft.percentile,
     )
+    if fc.trusted:
+        plan, keep = max(present, fc.mean), max(present, fc.upper)
+    else:
+        recent = [w for t, w in series if now - t <= policy.metric_window_seconds]
+        trend = [(t, w) for t, w in series if now - t <= mb.lookahead_seconds]
+        plan = keep = max([planned_rate(present, now, trend, mb.lookahead_seconds), *recent])
+    peak = max([present, *(w for t, w in series if now - t <= shrink_window)])
+    return WorkPlan(plan / per_request, keep / per_request, peak / per_request, fc)
 
 
 def queue_correction(
@@ -453,13 +515,47 @@ def queue_correction(
     return (1.0 - weight) * old + weight * ratio
 
 
+def queue_growth_rate(samples: Sequence[tuple[float, float]], now: float, queued: float, ready: int) -> float:
+    """Requests/s by which arrivals outrun the prefill pool: the queue's growth over the last
+    evaluation, when it grew at each of the last two and by more than one request per ready replica in
+    all; 0 otherwise. Two growths, not one: a burst shorter than an evaluation fills the queue once and
+    is gone (the flash-bursts family), a shift in traffic keeps filling it."""
+    points = [*samples[-2:], (now, queued)]
+    if len(points) < 3:
+        return 0.0
+    steps = list(pairwise(points))
+    if any(b[1] <= a[1] or b[0] <= a[0] for a, b in steps) or queued - points[0][1] <= max(ready, 1):
+        return 0.0
+    (t0, q0), (t1, q1) = steps[-1]
+    return (q1 - q0) / (t1 - t0)
+
+
+def settled_for(state: PolicyState, role: Role, now: float, policy: RatioPolicySpec, bounds: Bounds) -> bool:
+    """Whether the pool has served at its present size for a whole metric window: no scale-up for its
+    start-up plus the window, no scale-down for the window (a window's throughput then belongs to the
+    replicas serving now)."""
+    startup = bounds.role(role).startup_seconds or 0.0
+    window = float(policy.metric_window_seconds)
+    up, down = state.last_scale_up.get(role), state.last_scale_down.get(role)
+    return (up is None or now - up >= startup + window) and (down is None or now - down >= window)
+
+
 def saturated_prefill_correction(obs: Observation, service: PrefillService, computed: float) -> float | None:
-    """While requests queue at every ready prefill replica (more than two each), the prompt tokens the
-    pool computes per second are its capacity: the model's capacity per replica over the measured one
-    is a correction for the model. None when the pool is not saturated or the throughput is unmeasured."""
+    """While the pool falls behind (requests queue at every ready prefill replica, more than two each,
+    and over the window it computed fewer prompt tokens than arrived), the prompt tokens it computes per
+    second are its capacity: the model's capacity per replica over the measured one is a correction for
+    the model. None when the pool is not saturated or a signal is unmeasured.
+
+    A queue seen at one instant is not saturation: Poisson arrivals queue for a moment at 70% busy, and
+    a pool that keeps up computes exactly what arrives, which says nothing about its capacity (seen: a
+    diurnal ramp read as saturation at 0.7 busy, the correction jumped 1.00 -> 1.18 and stayed there,
+    holding one prefill replica too many for the rest of the day)."""
     waiting, throughput = _v(obs.prefill.queue_depth), _v(obs.prefill.token_throughput)
+    rate = _v(obs.request_rate)
     ready = obs.prefill.ready
-    if waiting is None or throughput is None or ready <= 0 or throughput <= 0 or waiting <= 2 * ready:
+    if waiting is None or throughput is None or rate is None or ready <= 0 or throughput <= 0:
+        return None
+    if waiting <= 2 * ready or throughput >= FALLING_BEHIND * rate * computed:
         return None
     modelled = computed / service.mean_s  # prompt tokens/s one replica computes at full batches
     measured = throughput / ready
@@ -571,18 +667,13 @@ def model_based_proposal(
             corr,
             spend,
         )
-    fc = rate_forecast(obs, policy, state, now, bounds)
-    recent = [r for t, r in state.load_history if now - t <= policy.metric_window_seconds]
-    if fc.trusted:
-        # a predictable trend: grow for its expected value at the moment replicas asked for now will
-        # serve, and keep what its upper band needs (shrinking below it would have to be undone)
-        plan, keep = max(rate, fc.mean), max(rate, fc.upper)
-    else:
-        # bursty or too little history: the short trend ahead, or the window's peak if higher
-        trend = [(t, r) for t, r in state.load_history if now - t <= mb.lookahead_seconds]
-        plan = keep = max([planned_rate(rate, now, trend, mb.lookahead_seconds), *recent])
-    # the busiest rate a smaller pool will be remembered for: the scale-down window's peak
-    shrink_peak = max([rate, *(r for t, r in state.load_history if now - t <= shrink_window)])
+    computed, computed_p90 = computed_prompts(obs)
+    computed = max(computed or prompt, 1.0)
+    # each pool plans for its own work (prompt tokens it computes, tokens it generates), forecast and
+    # remembered in those units and turned back into requests/s at today's lengths
+    pp = work_plan(state, "prefill", now, rate, computed, policy, bounds, shrink_window)
+    dp = work_plan(state, "decode", now, rate, max(out, 1.0), policy, bounds, shrink_window)
+    fc = pp.forecast
     ttft_t, itl_t = policy.slo.ttft.target_seconds, policy.slo.itl.target_seconds
     c_p, c_d = corr.get("prefill", 1.0), corr.get("decode", 1.0)
     context = prompt + out / 2.0
@@ -590,17 +681,21 @@ def model_based_proposal(
         models.decode.kv_transfer_time_s(int(prompt)) + models.decode.decode_step_time_s(1, int(prompt)) * c_d
     )
     budget = max(ttft_t - decode_first, 0.2 * ttft_t)
-    computed, computed_p90 = computed_prompts(obs)
-    computed = max(computed or prompt, 1.0)
     lengths = prompt_quantiles(computed, computed_p90)
     service = prefill_service(models.prefill, lengths, mb.prefill_token_budget, c_p)
-    saturated = saturated_prefill_correction(obs, service, computed)
-    if saturated is not None and saturated > c_p:
-        # the pool is saturated and processes fewer prompt tokens than the model says it can: what it
-        # does is its capacity (the correction is learned where a latency comparison cannot be)
-        c_p = _ema(c_p, saturated, mb.correction_smoothing)
-        corr["prefill"] = c_p
-        service = prefill_service(models.prefill, lengths, mb.prefill_token_budget, c_p)
+    relative = saturated_prefill_correction(obs, service, computed)
+    if relative is not None:
+        # the pool falls behind: what it computes is at most its capacity, so the model (corrected by
+        # c_p already) over the measurement bounds the correction from above. Lowering toward it is
+        # always safe; raising is trusted only once the pool has served at its present size for a whole
+        # window (throughput over a window in which replicas joined, divided by today's ready replicas,
+        # reads slow: seen during a chat -> code shift, the correction climbed 1.00 -> 1.33 while new
+        # replicas started, and held every later allocation a third too large)
+        saturated = c_p * relative
+        if saturated < c_p or settled_for(state, "prefill", now, policy, bounds):
+            c_p = _ema(c_p, saturated, mb.correction_smoothing)
+            corr["prefill"] = c_p
+            service = prefill_service(models.prefill, lengths, mb.prefill_token_budget, c_p)
     long_prompt = max(computed_p90 or computed, computed)
 
     def latency_at(per_replica_rate: float) -> float:
@@ -610,8 +705,18 @@ def model_based_proposal(
     # a backlog queued before capacity arrived (a cold start, a burst) is work too: drained over the
     # planning horizon it adds queued / horizon requests/s to the plan (new replicas take the new
     # arrivals while the old ones work off what they hold)
+    # arrivals that outrun the pool show first as a queue that grows at every evaluation, a minute or
+    # two before the window's average rate catches up: plan for at least what the ready replicas
+    # compute plus that growth, and count the backlog the queue will hold when new replicas are ready
     queued = _v(obs.prefill.queue_depth) or 0.0
-    backlog_rate = queued / startup_horizon_s(policy, bounds) if queued > max(obs.prefill.ready, 1) else 0.0
+    outrun = queue_growth_rate(state.prefill_queue, now, queued, obs.prefill.ready)
+    if outrun > 0:
+        arriving = obs.prefill.ready / service.mean_s + outrun
+        pp = replace(pp, plan=max(pp.plan, arriving), keep=max(pp.keep, arriving))
+    horizon = startup_horizon_s(policy, bounds)
+    startup = bounds.prefill.startup_seconds
+    backlog = queued + outrun * (float(mb.lookahead_seconds) if startup is None else startup)
+    backlog_rate = backlog / horizon if queued > max(obs.prefill.ready, 1) else 0.0
 
     wait_scale = queue_correction(obs, service, latency_at, policy, state, decode_first)
     corr["prefill-wait"] = wait_scale
@@ -647,10 +752,10 @@ def model_based_proposal(
     # to what the plan needs at a utilisation lower by the tolerance band, so a plan hovering at a
     # replica boundary does not move the pool up and down
     n_p = with_hysteresis(
-        obs.prefill.replicas, prefill_needed(util, plan), prefill_needed(util * (1 - tol), keep)
+        obs.prefill.replicas, prefill_needed(util, pp.plan), prefill_needed(util * (1 - tol), pp.keep)
     )
     n_d = with_hysteresis(
-        obs.decode.replicas, decode_needed(util, plan), decode_needed(util * (1 - tol), keep)
+        obs.decode.replicas, decode_needed(util, dp.plan), decode_needed(util * (1 - tol), dp.keep)
     )
     # what the decode pool holds now is demand too, measured rather than planned; and a full KV cache
     # with requests queued behind it hides how much more is coming, so it doubles the pool (once the
@@ -674,7 +779,7 @@ def model_based_proposal(
             util,
             bounds.decode,
             step_shape(models.decode, context),
-            shrink_peak / rate if rate > 0 else 1.0,
+            dp.shrink_peak / rate if rate > 0 else 1.0,
             batch or None,
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
@@ -695,7 +800,7 @@ def model_based_proposal(
             band,
             util,
             bounds.prefill,
-            shrink_peak,
+            pp.shrink_peak,
             work,
             shrink_ceiling(band, steady),
         )
@@ -717,7 +822,8 @@ def model_based_proposal(
         n_d = max(n_d, obs.decode.replicas + (1 if ready else 0))
     d_breach = d_breach or at_decode
     load = (
-        f"{plan:.2f} req/s planned (now {rate:.2f}; {fc.describe()}), prompt {prompt:.0f}, "
+        f"{pp.plan:.2f} req/s planned for prefill, {dp.plan:.2f} for decode (now {rate:.2f}; prefill work "
+        f"{fc.describe('tokens/s')}), prompt {prompt:.0f}, "
         f"output {out:.0f} tokens, utilisation {util:.2f}"
         + (f" ({spend:.0%} of recent evaluations breached)" if spend is not None else "")
     )

@@ -149,6 +149,13 @@ class PolicyState:
     correction: dict[str, float] = field(default_factory=dict)  # model-based: observed/expected per role
     limited_since: dict[str, float] = field(default_factory=dict)  # role -> time the ceiling was learned
     load_history: tuple[tuple[float, float], ...] = ()  # (time, request rate) within the lookahead window
+    # (time, prompt tokens/s prefill computes, output tokens/s decode generates), over the same span: the
+    # work each pool does. A request rate alone misleads when lengths shift (chat -> long documents: the
+    # rate falls while each request's prefill grows five-fold), so the model-based plan forecasts work
+    work_history: tuple[tuple[float, float, float], ...] = ()
+    # (time, requests queued at prefill) at the last few evaluations: a queue growing at each of them
+    # says by how much arrivals outrun the pool now, before the window's average rate shows it
+    prefill_queue: tuple[tuple[float, float], ...] = ()
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
