@@ -194,6 +194,7 @@ def test_helm_lint_passes_for_each_scope(helm_only: Tools, tmp_path: Path) -> No
         ({"image": {"repository": "disagg/operator", "pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"peering": {"lifetime": 1}}, "lifetime"),
         ({"replicas": 2}, "replicas"),
+        ({"prometheus": {"bearerTokenSecret": {"name": "t", "value": "inline"}}}, "value"),
     ],
     ids=lambda v: json.dumps(v, separators=(",", ":")) if isinstance(v, dict) else v,
 )
@@ -234,6 +235,34 @@ def test_default_render_is_secure_and_highly_available(helm_only: Tools, tmp_pat
     assert "ServiceMonitor" not in kinds, "rendered without the Prometheus Operator's API"
     dashboard = json.loads(kinds["ConfigMap"][0]["data"]["disagg-overview.json"])
     assert dashboard["uid"] == "disagg-overview"
+
+
+def test_prometheus_tls_token_and_headers_come_from_secrets_and_values(
+    helm_only: Tools, tmp_path: Path
+) -> None:
+    prometheus = {
+        "url": "https://prometheus.monitoring.svc:9090",
+        "tls": {"caConfigMap": {"name": "prom-ca", "key": "bundle.pem"}},
+        "bearerTokenSecret": {"name": "prom-token", "key": "token"},
+        "headers": {"X-Scope-OrgID": "team-a"},
+    }
+    deployment = _operator_deployment(_render(helm_only, tmp_path, "rel", "ns", {"prometheus": prometheus}))
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DISAGG_PROMETHEUS_CA_FILE"] == "/etc/disagg/prometheus/ca/bundle.pem"
+    assert env["DISAGG_PROMETHEUS_BEARER_TOKEN_FILE"] == "/etc/disagg/prometheus/token/token"
+    assert json.loads(env["DISAGG_PROMETHEUS_HEADERS"]) == {"X-Scope-OrgID": "team-a"}
+    assert "DISAGG_PROMETHEUS_INSECURE_SKIP_VERIFY" not in env  # verification stays on
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "prom-token"
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "prom-ca"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["prometheus-token"]["readOnly"] and mounts["prometheus-ca"]["readOnly"]
+    # the defaults: nothing mounted, verification on
+    default = _operator_deployment(_render(helm_only, tmp_path, "rel", "ns", {}))["spec"]["template"]["spec"]
+    assert [v["name"] for v in default["volumes"]] == ["tmp"]
+    assert not [e for e in default["containers"][0]["env"] if "PROMETHEUS" in e["name"]]
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespaces"])

@@ -81,7 +81,8 @@ class Autoscaler:
     def create(kube: KubeApi, settings: AutoscalingSettings, metrics: AutoscalingMetrics) -> Autoscaler:
         """The loop over ``kube``, reading Prometheus at ``settings.prometheus_url`` (none: no signals)."""
         url = settings.prometheus_url
-        signals = PrometheusSignalSource(PrometheusSignals(url)) if url else None
+        access = settings.prometheus_access()
+        signals = PrometheusSignalSource(PrometheusSignals(url, access=access)) if url else None
         return Autoscaler(kube, settings, signals, metrics)
 
 

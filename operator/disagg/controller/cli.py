@@ -72,6 +72,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--prometheus-url", metavar="URL", help="Prometheus the autoscaling loop reads signals from"
     )
     parser.add_argument(
+        "--prometheus-ca-file",
+        metavar="PEM",
+        help="verify Prometheus' TLS certificate against this CA bundle",
+    )
+    parser.add_argument(
+        "--prometheus-bearer-token-file",
+        metavar="FILE",
+        help="send the token in FILE (re-read each evaluation) as 'Authorization: Bearer' to Prometheus",
+    )
+    parser.add_argument(
+        "--prometheus-insecure-skip-verify",
+        action="store_true",
+        default=None,
+        help="do not verify Prometheus' TLS certificate (verification is on by default)",
+    )
+    parser.add_argument(
         "--resync-interval",
         type=float,
         default=None,
@@ -92,8 +108,15 @@ def operator_settings(args: argparse.Namespace) -> ControllerSettings:
     flags: dict[str, object] = {}
     if args.resync_interval is not None:
         flags["resync_interval_s"] = args.resync_interval
-    if args.prometheus_url:
-        flags["autoscaling"] = settings.autoscaling.model_copy(update={"prometheus_url": args.prometheus_url})
+    prometheus = {
+        "prometheus_url": args.prometheus_url,
+        "prometheus_ca_file": args.prometheus_ca_file,
+        "prometheus_bearer_token_file": args.prometheus_bearer_token_file,
+        "prometheus_insecure_skip_verify": args.prometheus_insecure_skip_verify,
+    }
+    given = {name: value for name, value in prometheus.items() if value}
+    if given:
+        flags["autoscaling"] = {**settings.autoscaling.model_dump(), **given}
     # validated again with the flags (model_copy would not check them)
     return ControllerSettings.model_validate({**settings.model_dump(), **flags}) if flags else settings
 

@@ -2,7 +2,9 @@
 the environment and its flags, then passed to the handlers, which never read the environment.
 
 Environment variables (the chart and ``disagg demo`` set them): ``DISAGG_<FIELD>`` for the reconciler's
-fields, ``DISAGG_AUTOSCALING_<FIELD>`` for the autoscaling loop's, and ``DISAGG_PROMETHEUS_URL``.
+fields, ``DISAGG_AUTOSCALING_<FIELD>`` for the autoscaling loop's, and ``DISAGG_PROMETHEUS_URL`` with
+how to reach it: ``DISAGG_PROMETHEUS_CA_FILE``, ``DISAGG_PROMETHEUS_BEARER_TOKEN_FILE``,
+``DISAGG_PROMETHEUS_HEADERS`` (a JSON object) and ``DISAGG_PROMETHEUS_INSECURE_SKIP_VERIFY``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from disagg.api.deployment import MAX_STATUS_DECISIONS
 from disagg.k8s.apply import FIELD_MANAGER
+from disagg.metrics.prometheus import PrometheusAccess
 from disagg.policy.engine import PENDING_GRACE_S
 
 
@@ -30,6 +33,27 @@ class AutoscalingSettings(BaseSettings):
     max_decisions: int = Field(default=MAX_STATUS_DECISIONS, ge=1, le=MAX_STATUS_DECISIONS)
     # Prometheus the loop reads its signals from; None: no signals (the policy holds, fail-static)
     prometheus_url: str | None = Field(default=None, validation_alias="DISAGG_PROMETHEUS_URL")
+    # TLS: verified against the system CAs, or this CA bundle (PEM); turning verification off is explicit
+    prometheus_ca_file: str | None = Field(default=None, validation_alias="DISAGG_PROMETHEUS_CA_FILE")
+    prometheus_insecure_skip_verify: bool = Field(
+        default=False, validation_alias="DISAGG_PROMETHEUS_INSECURE_SKIP_VERIFY"
+    )
+    # a file holding the bearer token (the chart mounts it from a Secret), re-read for every evaluation
+    prometheus_bearer_token_file: str | None = Field(
+        default=None, validation_alias="DISAGG_PROMETHEUS_BEARER_TOKEN_FILE"
+    )
+    # extra headers on every request (e.g. X-Scope-OrgID for a multi-tenant Prometheus); kept out of repr
+    prometheus_headers: dict[str, str] = Field(
+        default_factory=dict, validation_alias="DISAGG_PROMETHEUS_HEADERS", repr=False
+    )
+
+    def prometheus_access(self) -> PrometheusAccess:
+        return PrometheusAccess(
+            ca_file=self.prometheus_ca_file,
+            insecure_skip_verify=self.prometheus_insecure_skip_verify,
+            bearer_token_file=self.prometheus_bearer_token_file,
+            headers=tuple(sorted(self.prometheus_headers.items())),
+        )
 
 
 class ControllerSettings(BaseSettings):

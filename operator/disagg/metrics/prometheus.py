@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import requests
 from prometheus_api_client import PrometheusConnect
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import Timeout
@@ -110,6 +111,40 @@ def user_ttft(signals: Signals) -> Measured:
 
 
 @dataclass(frozen=True)
+class PrometheusAccess:
+    """How to reach a secured Prometheus: TLS verification (on unless turned off; against the system CAs or
+    ``ca_file``), a bearer token read from ``bearer_token_file`` (a mounted Secret: re-read for every
+    client, so a rotated token is picked up) and extra request headers. Never printed: ``headers`` may hold
+    credentials, so it is left out of the repr."""
+
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    bearer_token_file: str | None = None
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def verify(self) -> bool | str:
+        """requests' ``verify``: a CA bundle path, or whether to check against the system CAs."""
+        if self.insecure_skip_verify:
+            return False
+        return self.ca_file or True
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of every request; the bearer token (read now) as ``Authorization: Bearer``.
+        Raises OSError/ValueError with the file named when the token can't be read."""
+        headers = dict(self.headers)
+        if self.bearer_token_file:
+            try:
+                with open(self.bearer_token_file, encoding="utf-8") as handle:
+                    token = handle.read().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise OSError(f"Prometheus bearer token file {self.bearer_token_file}: {exc}") from exc
+            if not token:
+                raise ValueError(f"Prometheus bearer token file {self.bearer_token_file} is empty")
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+
+@dataclass(frozen=True)
 class PrometheusSignals:
     """The adapter: one per Prometheus; ``observe`` per deployment and evaluation."""
 
@@ -118,22 +153,37 @@ class PrometheusSignals:
     labels: TargetLabels = TARGET_LABELS
 
     retries: int = 1
+    access: PrometheusAccess = field(default_factory=PrometheusAccess)
 
     def client(self) -> PrometheusConnect:
+        """A client with TLS verification on (unless ``access`` turns it off) and ``access``'s headers."""
         retry = Retry(total=self.retries, backoff_factor=0.2, status_forcelist=(502, 503, 504))
-        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=self.timeout_s, retry=retry)
+        session = requests.Session()
+        session.verify = self.access.verify()
+        return PrometheusConnect(
+            url=self.url,
+            headers=self.access.request_headers(),
+            session=session,
+            timeout=self.timeout_s,
+            retry=retry,
+        )
 
     def run(self, queries: QuerySet, client: PrometheusConnect | None = None) -> Signals:
         """Run every query; failures become MISSING with the error kept. An unreachable Prometheus fails
         the rest at once rather than waiting out every query's timeout."""
-        prom = client or self.client()
         values: dict[str, Measured] = {}
         errors: dict[str, str] = {}
         unreachable: str | None = None
+        prom = client
+        if prom is None:
+            try:
+                prom = self.client()
+            except (OSError, ValueError) as exc:  # an unreadable bearer token: every signal missing
+                unreachable = str(exc)
         for name, promql in queries.queries.items():
-            if unreachable is not None:
+            if unreachable is not None or prom is None:
                 values[name] = Measured.missing(SignalState.MISSING)
-                errors[name] = unreachable
+                errors[name] = unreachable or "no Prometheus client"
                 continue
             try:
                 values[name] = measured_from_result(prom.custom_query(promql))
