@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg.api.ratiopolicy import RatioPolicySpec
-from disagg.policy import Bounds, PolicyState, RoleBounds, ServingProfile, decide
+from disagg.policy import Bounds, PolicyState, ServingProfile, decide
 from disagg.policy.baselines import (
     SOURCES,
     ApaSettings,
@@ -169,15 +169,16 @@ class Setup:
             decode=pool(self.start_decode if decode is None else decode),
             startup_delay_s=self.startup_delay_s if startup is None else startup,
             name="bench",
+            # the deployment's start-up is known to the operator (measured on its pods, else its spec's
+            # estimate): the ratio policies plan over it
+            planned_startup_s=self.startup_delay_s,
         )
 
     def bounds(self) -> Bounds:
-        # the deployment's start-up is known to the operator (measured on its pods, else its spec's
-        # estimate): the ratio policies plan over it
-        rb = RoleBounds(1, self.max_replicas, gpus_per_replica=self.tp, startup_seconds=self.startup_delay_s)
-        return Bounds(
-            prefill=rb, decode=rb, profile=ServingProfile(self.model, self.gpu, self.tp, self.tp, self.dtype)
-        )
+        """The bounds the ratio policies decide within, read from the deployment as ``disagg simulate``
+        reads them (:meth:`SimDeployment.policy_bounds`: replica ranges, TP, GPU budget, profile,
+        planned start-up)."""
+        return self.deployment().policy_bounds()
 
 
 Controller = Callable[[Observation], Mapping[str, int] | None]
