@@ -179,7 +179,10 @@ def register(registry: kopf.OperatorRegistry, auto: Autoscaler) -> None:
         body: kopf.Body, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
     ) -> None:
         """Evaluate the deployment's RatioPolicy when its evaluation interval has passed."""
-        decision = evaluate(auto, body, memo, time.time())
+        try:
+            decision = evaluate(auto, body, memo, time.time())
+        except OSError as error:  # the API server unreachable (k8s.client.ApiUnreachable): one line, retried
+            raise kopf.TemporaryError(f"autoscaling: {error}", delay=auto.settings.tick_s) from error
         if decision is not None and decision.reasons:
             logger.info(
                 "autoscaling: prefill=%d decode=%d (%s)", decision.prefill, decision.decode, decision.cause

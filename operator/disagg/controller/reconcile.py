@@ -407,16 +407,24 @@ class Reconciler:
                 )
             except ApiException as error:
                 if error.status == 409:
-                    current_obj = self.api.get(DISAGG_DEPLOYMENT, metadata["namespace"], metadata["name"])
+                    current_obj = self._reread(metadata["namespace"], metadata["name"])
                     continue
                 if error.status == 404:
                     return False
+                raise TransientError(f"writing the status of {metadata['name']}: {error}") from error
+            except OSError as error:  # the API server unreachable (k8s.client.ApiUnreachable)
                 raise TransientError(f"writing the status of {metadata['name']}: {error}") from error
             if self.metrics is not None:
                 self.metrics.status_writes.inc()
             self._announce_problem(current_obj, current, problem)
             return True
         raise TransientError(f"the status of {metadata['name']} kept changing underneath")
+
+    def _reread(self, namespace: str, name: str) -> JsonDict | None:
+        try:
+            return self.api.get(DISAGG_DEPLOYMENT, namespace, name)
+        except (ApiException, OSError) as error:
+            raise TransientError(f"reading {namespace}/{name}: {error}") from error
 
     def _announce_problem(
         self, obj: Mapping[str, Any], old: Mapping[str, Any], problem: Problem | None

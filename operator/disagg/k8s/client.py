@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3.exceptions
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -131,6 +132,21 @@ def is_status(error: BaseException, *codes: int) -> bool:
     return isinstance(error, ApiException) and error.status in codes
 
 
+class ApiUnreachable(OSError):
+    """The API server could not be reached or dropped the connection (refused, reset, timed out, TLS):
+    a transport failure, temporary by nature. urllib3 raises its own exceptions for these (``MaxRetryError``
+    wrapping ``NewConnectionError``, ``ProtocolError``, ``ReadTimeoutError``), none of them an OSError;
+    :meth:`KubeApi.request` raises this instead, so callers need only ``except (ApiException, OSError)``."""
+
+
+def _transport_reason(error: urllib3.exceptions.HTTPError) -> str:
+    """One line: the underlying cause of a urllib3 failure (MaxRetryError keeps it in ``reason``)."""
+    cause: BaseException = error
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and error.reason is not None:
+        cause = error.reason
+    return f"{type(cause).__name__}: {cause}".splitlines()[0]
+
+
 class KubeApi:
     """JSON verbs on the API server. Thread-safe as far as the underlying urllib3 pool is."""
 
@@ -172,8 +188,15 @@ class KubeApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api_client.call_api(m, url, hdrs, payload, _request_timeout=self.request_timeout_s)
-        response.read()  # type: ignore[no-untyped-call]
+        try:
+            response = self.api_client.call_api(
+                m, url, hdrs, payload, _request_timeout=self.request_timeout_s
+            )
+            response.read()  # type: ignore[no-untyped-call]
+        except urllib3.exceptions.HTTPError as error:
+            raise ApiUnreachable(
+                f"{method} {path}: API server unreachable: {_transport_reason(error)}"
+            ) from error
         text = response.data.decode("utf-8") if response.data else ""
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=text, data=None)
