@@ -8,287 +8,79 @@ makes the pods scheduled onto them Running and Ready.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from disagg.cluster.binaries import BuildSettings, cached_path, ensure_binary
+from disagg.cluster.binaries import BuildSettings, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
+from disagg.cluster.layout import (
+    COMPONENTS,
+    DEFAULT_NODE_POOLS,
+    GPU_RESOURCE,
+    KWOK_NODE_ANNOTATION,
+    ClusterInfo,
+    ClusterSettings,
+    ClusterStatus,
+    ComponentStatus,
+    NodePool,
+    default_state_dir,
+    kubeconfig_dict,
+    node_manifest,
+    node_ready,
+)
+from disagg.cluster.processes import (
+    free_ports,
+    kill_with_parent,
+    port_free,
+    process_running,
+    spawn_logged,
+    stop_process_group,
+)
+
+# The layout and process helpers lived here; tests, benches and the CLI import them from this module too.
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_NODE_POOLS",
+    "GPU_RESOURCE",
+    "KWOK_NODE_ANNOTATION",
+    "LOOPBACK_POD_OCTETS",
+    "ClusterError",
+    "ClusterInfo",
+    "ClusterSettings",
+    "ClusterStatus",
+    "ComponentStatus",
+    "LocalCluster",
+    "NodePool",
+    "claim_loopback_pod_cidr",
+    "default_state_dir",
+    "free_ports",
+    "kill_with_parent",
+    "kubeconfig_dict",
+    "loopback_pod_cidr",
+    "node_manifest",
+    "process_running",
+    "spawn_logged",
+    "stop_process_group",
+]
 
 
 class ClusterError(RuntimeError):
     """The control plane could not be started or reached; the message names the component."""
-
-
-@dataclass(frozen=True)
-class NodePool:
-    """``count`` kwok nodes with ``gpus_per_node`` GPUs of one type (labels from the shared contract)."""
-
-    gpu_type: str
-    product: str
-    count: int
-    gpus_per_node: int = 8
-    cpu: str = "192"
-    memory: str = "2Ti"
-    pods: str = "110"
-    # Extended resources besides the GPUs, e.g. what an RDMA device plugin advertises ("rdma/ib").
-    extended: tuple[tuple[str, str], ...] = ()
-
-    def node_name(self, index: int) -> str:
-        return f"kwok-{self.gpu_type}-{index}"
-
-
-DEFAULT_NODE_POOLS: tuple[NodePool, ...] = (
-    # H100 nodes carry one RDMA device per GPU, as an RDMA device plugin advertises them (rdma/ib, the
-    # default of spec.kvTransfer.rdma.resourceName), so RDMA examples schedule here as on a GPU cluster.
-    NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=4, extended=(("rdma/ib", "8"),)),
-    NodePool(gpu_type="l40s", product="NVIDIA-L40S", count=2),
-)
-
-# kwok manages only nodes that carry this annotation (its --manage-nodes-with-annotation-selector).
-KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-GPU_RESOURCE = "nvidia.com/gpu"
-
-# Start order; ``down`` stops in reverse.
-COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    service_cidr: str = "10.96.0.0/16"
-    service_ip: str = "10.96.0.1"  # first address of service_cidr: the `kubernetes` Service
-    # kwok hands pod IPs out of this range. None: a /16 inside 127.0.0.0/8 that no other running local
-    # cluster uses (Linux routes all of 127.0.0.0/8 to the loopback interface, so the live twin's engine for
-    # a pod can listen on that pod's own IP and everything reaches pods exactly as on a real cluster).
-    pod_cidr: str | None = None
-    service_account_issuer: str = "https://kubernetes.default.svc.cluster.local"
-    start_timeout_s: float = 180.0
-    stop_timeout_s: float = 5.0  # then SIGKILL: the state is disposable
-    poll_interval_s: float = 0.2
-    log_verbosity: int = 1
-    # kill the components if the process that started them dies (for test sessions, not for the CLI)
-    tie_to_parent: bool = False
-    node_lease_seconds: int = (
-        40  # kwok renews each node's Lease, which keeps the node lifecycle controller content
-    )
-    extra_apiserver_args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    kubeconfig: Path
-    server: str
-    state_dir: Path
-    ca_cert: Path
-    client_cert: Path
-    client_key: Path
-    logs_dir: Path
-    pod_cidr: str | None = None  # what kwok hands pod IPs out of (a loopback /16 unless configured)
-
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default: this process's environment) with KUBECONFIG set and the cached kubectl and
-        helm (versions matching the server) first on PATH."""
-        env = dict(os.environ if base is None else base)
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        dirs = [str(path.parent) for name in ("kubectl", "helm") if (path := cached_path(name)) is not None]
-        if dirs:
-            env["PATH"] = os.pathsep.join([*dirs, env.get("PATH", "")])
-        return env
-
-
-@dataclass(frozen=True)
-class ComponentStatus:
-    name: str
-    pid: int | None
-    running: bool
-    log: Path
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    state_dir: Path
-    server: str | None
-    components: tuple[ComponentStatus, ...]
-    apiserver_ready: bool
-    nodes_ready: int
-    nodes_total: int
-
-    @property
-    def running(self) -> bool:
-        return all(c.running for c in self.components) and self.apiserver_ready
-
-
-def default_state_dir() -> Path:
-    return BuildSettings().cache_root / "cluster-default"
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free TCP ports on ``host`` (bound together, then released). ``host="0.0.0.0"``
-    gives ports free on every local address, e.g. for a server on a kwok pod's own 127.x IP."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # the components' servers (Go) set SO_REUSEADDR, so connections in TIME_WAIT do not block them
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def kubeconfig_dict(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> dict[str, Any]:
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "disagg-local", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {"client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)},
-            }
-        ],
-        "contexts": [{"name": "disagg-local", "context": {"cluster": "disagg-local", "user": user}}],
-        "current-context": "disagg-local",
-        "preferences": {},
-    }
-
-
-def node_manifest(pool: NodePool, index: int) -> dict[str, Any]:
-    """A Node object for kwok: GPU capacity and the GPU labels of the shared contract."""
-    name = pool.node_name(index)
-    capacity = {
-        "cpu": pool.cpu,
-        "memory": pool.memory,
-        "pods": pool.pods,
-        GPU_RESOURCE: str(pool.gpus_per_node),
-        **dict(pool.extended),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {
-                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
-                "node.alpha.kubernetes.io/ttl": "0",
-            },
-            "labels": {
-                "type": "kwok",
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "nvidia.com/gpu.product": pool.product,
-                "nvidia.com/gpu.count": str(pool.gpus_per_node),
-                "disagg.dev/gpu-type": pool.gpu_type,
-            },
-        },
-        "spec": {},
-        "status": {"capacity": capacity, "allocatable": dict(capacity)},
-    }
-
-
-# The C library the interpreter runs on (glibc, musl, ...), loaded here rather than between fork and exec,
-# where dlopen could wait on a lock another thread of the parent held.
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def kill_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """preexec_fn: the kernel sends SIGKILL to the child when the thread that forked it exits."""
-    pr_set_pdeathsig = 1
-    _LIBC.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def spawn_logged(
-    command: Sequence[str],
-    log_path: Path,
-    *,
-    cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    tie_to_parent: bool = False,
-) -> subprocess.Popen[bytes]:
-    """Start ``command`` in a new process group (so :func:`stop_process_group` stops it and what it
-    spawned), stdout and stderr appended to ``log_path``; ``env`` None inherits this process's."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            list(command),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=None if env is None else dict(env),
-            start_new_session=True,
-            preexec_fn=kill_with_parent if tie_to_parent else None,
-        )
-
-
-def stop_process_group(process: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
-    """SIGTERM the process group ``process`` leads (started with start_new_session); SIGKILL after
-    ``timeout_s``. Nothing to do for None or a process that already exited."""
-    if process is None or process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-# /proc/<pid>/stat states of a process that has exited: its parent has not reaped it yet (a zombie, e.g. a
-# component whose `disagg cluster up` is gone, under a PID 1 that does not reap orphans) or is reaping it
-_EXITED_STATES = frozenset("ZX")
-
-
-def process_running(pid: int, binary: Path | None = None) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie is dead, whatever its parent does),
-    and, with ``binary``, runs that program (so a recycled pid is not taken for a component)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if binary is not None else []
-    except OSError:
-        return False
-    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ')'
-    fields = stat[stat.rfind(")") + 1 :].split()
-    if not fields or fields[0] in _EXITED_STATES:
-        return False
-    return binary is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == str(binary))
 
 
 class LocalCluster:
@@ -575,7 +367,7 @@ class LocalCluster:
         previous = (self._read_state() or {}).get("ports", {})
         names = ("etcd-client", "etcd-peer", "apiserver", "kwok")
         if all(isinstance(previous.get(n), int) for n in names) and all(
-            _port_free(previous[n]) for n in names
+            port_free(previous[n]) for n in names
         ):
             return [int(previous[n]) for n in names]
         return free_ports(len(names))
@@ -734,7 +526,7 @@ class LocalCluster:
         response = client.get("/api/v1/nodes", params={"labelSelector": "type=kwok"})
         response.raise_for_status()
         items = response.json().get("items", [])
-        ready = sum(1 for node in items if _node_ready(node))
+        ready = sum(1 for node in items if node_ready(node))
         return ready, len(items)
 
     def _wait_nodes_ready(
@@ -747,7 +539,7 @@ class LocalCluster:
                 response = client.get("/api/v1/nodes", params={"labelSelector": "type=kwok"})
                 if response.status_code != 200:
                     return False
-                ready = {n["metadata"]["name"] for n in response.json().get("items", []) if _node_ready(n)}
+                ready = {n["metadata"]["name"] for n in response.json().get("items", []) if node_ready(n)}
                 return expected <= ready
 
             self._wait("kwok", procs or {}, all_ready)
@@ -797,8 +589,3 @@ def _cluster_alive(state_dir: Path) -> bool:
         if pid is not None and process_running(pid, binary):
             return True
     return False
-
-
-def _node_ready(node: Mapping[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

@@ -17,7 +17,8 @@ import httpx
 import yaml
 
 from disagg.cluster.binaries import BuildSettings, ensure_binary
-from disagg.cluster.local import ClusterInfo, free_ports, spawn_logged, stop_process_group
+from disagg.cluster.layout import ClusterInfo
+from disagg.cluster.processes import free_ports, spawn_logged, stop_process_group
 
 
 class PrometheusError(RuntimeError):

@@ -26,7 +26,8 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from disagg.cluster.local import ClusterInfo, free_ports, spawn_logged, stop_process_group
+from disagg.cluster.layout import ClusterInfo
+from disagg.cluster.processes import free_ports, spawn_logged, stop_process_group
 from disagg.cluster.released import ensure_venv, pinned_releases
 
 RouterKind = Literal["vllm", "sglang"]

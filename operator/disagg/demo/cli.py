@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from disagg.cluster import LocalCluster
-from disagg.cluster.local import free_ports
+from disagg.cluster.processes import free_ports
 from disagg.demo.harness import ClosedLoop, RunSettings, ensure_namespace, kubectl_get, wait_until
 from disagg.demo.live import demo_console, drive
 from disagg.demo.report import write_report

@@ -25,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.binaries import ensure_binary
-from disagg.cluster.local import ClusterInfo, spawn_logged, stop_process_group
+from disagg.cluster.layout import ClusterInfo
+from disagg.cluster.processes import spawn_logged, stop_process_group
 from disagg.cluster.prometheus import PrometheusProcess, start_prometheus
 from disagg.cluster.routers import RouterProcess, RouterSettings, service_account_kubeconfig, start_router
 from disagg.cluster.wait import wait_for
