@@ -6,6 +6,8 @@
 * :mod:`disagg.twin.fidelity` - the published and measured points the twin is checked against.
 * :mod:`disagg.twin.engine` - one replica's continuous-batching scheduler (``EngineCore``), shared by the
   offline simulator and the live twin.
+* :mod:`disagg.twin.deployment` - what is simulated: pools, engine limits, bounds, from a twin document or a
+  DisaggregatedDeployment.
 * :mod:`disagg.twin.sim` - the discrete-event simulator (pools, routing, KV transfer, scaling, observations).
 * :mod:`disagg.twin.traffic` - Azure / Mooncake / BurstGPT loaders and synthetic generators.
 * :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, the simulation's plots.

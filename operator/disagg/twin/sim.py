@@ -28,29 +28,20 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from disagg.api.deployment import DisaggregatedDeployment
 from disagg.perf.latency import LatencyModel, load_latency_model
-from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
-from disagg.policy.bounds import bounds_for
 from disagg.policy.types import (
     MISSING,
-    Bounds,
     Measured,
     Observation,
-    Role,
-    RoleBounds,
     RoleObservation,
-    ServingProfile,
 )
+from disagg.twin.deployment import PoolSpec, Routing, SimDeployment
 from disagg.twin.engine import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
     EngineCore,
     EngineRole,
     EngineSettings,
@@ -59,187 +50,24 @@ from disagg.twin.engine import (
 )
 from disagg.twin.traffic import Request
 
+# PoolSpec and SimDeployment (disagg.twin.deployment) are imported from here by the benches, tests and CLI.
+__all__ = [
+    "ClosedLoop",
+    "Controller",
+    "LogHistogram",
+    "PoolSpec",
+    "Routing",
+    "SimDeployment",
+    "SimResult",
+    "Simulator",
+    "Window",
+    "simulate",
+]
+
 if TYPE_CHECKING:
     from disagg.twin.report import Report
 
 Controller = Callable[[Observation], Mapping[str, int] | None]
-Routing = Literal["round_robin", "least_outstanding", "random"]
-
-
-# --- deployment description ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PoolSpec:
-    replicas: int
-    tp: int = 1
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
-    min_replicas: int = 1
-    max_replicas: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.replicas < 0:
-            raise ValueError(f"replicas: must be >= 0, got {self.replicas}")
-        if self.tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp: must be 1, 2, 4 or 8, got {self.tp}")
-
-
-@dataclass(frozen=True)
-class SimDeployment:
-    model: str
-    gpu: str = "h100"
-    dtype: str = "bf16"
-    kv_dtype: str = "bf16"  # vLLM --kv-cache-dtype: bf16 (auto for bf16 models) or fp8
-    mode: Literal["pd", "colocated"] = "pd"
-    prefill: PoolSpec | None = None
-    decode: PoolSpec | None = None
-    colocated: PoolSpec | None = None
-    routing: Routing = "least_outstanding"
-    link: str = "nic"
-    kv_setup_s: float | None = None
-    link_gbytes_per_s: float | None = None  # overrides the named link's bandwidth per prefill replica
-    startup_delay_s: float = 120.0
-    request_overhead_s: float | None = None  # front-end delay before the engine queue; None: profile's
-    prefix_caching: bool = True  # vLLM V1 default; only requests carrying prefix hashes can hit
-    name: str = "twin"
-    max_gpus: int | None = None  # GPU budget of both pools (a DisaggregatedDeployment's maxGPUs)
-    # the replica start-up the policy plans with: a DisaggregatedDeployment's estimate from its spec, as
-    # the operator's before any pod is Ready; None (a twin document): the policy plans over its lookahead
-    planned_startup_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode == "pd" and (self.prefill is None or self.decode is None):
-            raise ValueError("prefill/decode: P/D mode needs both a prefill and a decode pool")
-        if self.mode == "colocated" and self.colocated is None:
-            raise ValueError("colocated: colocated mode needs a colocated pool")
-        if self.mode not in ("pd", "colocated"):
-            raise ValueError(f"mode: {self.mode!r} is not 'pd' or 'colocated'")
-        if self.routing not in ("round_robin", "least_outstanding", "random"):
-            raise ValueError(f"routing: {self.routing!r} is not round_robin, least_outstanding or random")
-        if self.kv_dtype not in ("bf16", "fp8"):
-            raise ValueError(f"kv_dtype: {self.kv_dtype!r} is not 'bf16' or 'fp8'")
-        if self.startup_delay_s < 0:
-            raise ValueError(f"startup_delay_s: must be >= 0, got {self.startup_delay_s}")
-
-    @property
-    def gpus(self) -> int:
-        pools = [self.prefill, self.decode] if self.mode == "pd" else [self.colocated]
-        return sum(p.replicas * p.tp for p in pools if p is not None)
-
-    def colocated_equivalent(self) -> SimDeployment:
-        """A colocated deployment on the same GPUs (replicas of the decode pool's TP)."""
-        if self.mode == "colocated":
-            return self
-        assert self.decode is not None
-        tp = self.decode.tp
-        spec = replace(self.decode, replicas=max(1, self.gpus // tp), max_replicas=1000, min_replicas=1)
-        return replace(self, mode="colocated", colocated=spec, prefill=None, decode=None)
-
-    def policy_bounds(self) -> Bounds:
-        """The bounds the ratio policy decides within: the pools' replica ranges and TP, the GPU budget,
-        the serving profile and the planned start-up (for a DisaggregatedDeployment, exactly
-        :func:`disagg.policy.bounds.bounds_for` of it: what the operator decides within)."""
-        if self.prefill is None or self.decode is None:
-            raise ValueError("policy bounds: the ratio policy needs a P/D deployment")
-
-        def role(pool: PoolSpec) -> RoleBounds:
-            return RoleBounds(pool.min_replicas, pool.max_replicas, pool.tp, self.planned_startup_s)
-
-        profile = ServingProfile(self.model, self.gpu, self.prefill.tp, self.decode.tp, self.dtype)
-        return Bounds(role(self.prefill), role(self.decode), self.max_gpus, profile)
-
-    @staticmethod
-    def from_model(
-        dd: DisaggregatedDeployment, startup: StartupAssumptions = DEFAULT_ASSUMPTIONS
-    ) -> SimDeployment:
-        """The twin deployment of a validated DisaggregatedDeployment: pools, bounds, GPU budget and
-        profile from :func:`disagg.policy.bounds.bounds_for`, engine limits and the KV cache dtype from
-        the engine arguments, and the replica start-up its spec implies (weights cached on a volume or
-        downloaded, under the ``startup`` assumptions; a model without a profile keeps the default)."""
-        spec = dd.spec
-        bounds = bounds_for(dd, assumptions=startup)
-        profile = bounds.profile
-        assert profile is not None  # bounds_for always reads the profile of a DisaggregatedDeployment
-
-        def pool(role: Role) -> PoolSpec:
-            args = [*spec.engine.args, *spec.role(role).args]
-            rb = bounds.role(role)
-            return PoolSpec(
-                replicas=spec.role(role).replicas,
-                tp=rb.gpus_per_replica,
-                max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
-                max_num_batched_tokens=_engine_arg(
-                    args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS
-                ),
-                min_replicas=rb.min_replicas,
-                max_replicas=rb.max_replicas,
-            )
-
-        # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
-        kv = _engine_flag([*spec.engine.args, *spec.prefill.args, *spec.decode.args], "--kv-cache-dtype")
-        planned = bounds.prefill.startup_seconds
-        return SimDeployment(
-            model=profile.model,
-            gpu=profile.gpu,
-            dtype=profile.dtype,
-            kv_dtype="fp8" if (kv or "auto").startswith("fp8") else "bf16",
-            prefill=pool("prefill"),
-            decode=pool("decode"),
-            startup_delay_s=planned if planned is not None else SimDeployment.startup_delay_s,
-            name=dd.name or "twin",
-            max_gpus=bounds.max_gpus,
-            planned_startup_s=planned,
-        )
-
-    @staticmethod
-    def from_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
-        """A small twin deployment document, or a DisaggregatedDeployment object (kind set: validated,
-        then :meth:`from_model`)."""
-        if obj.get("kind") == DisaggregatedDeployment.model_fields["kind"].default:
-            return SimDeployment.from_model(DisaggregatedDeployment.model_validate(dict(obj)), startup)
-        try:
-            pools: dict[str, Any] = {
-                k: PoolSpec(**v) for k, v in obj.items() if k in ("prefill", "decode", "colocated") and v
-            }
-        except TypeError as e:
-            raise ValueError(f"prefill/decode/colocated: {e}") from e
-        rest = {
-            k: v for k, v in obj.items() if k not in ("prefill", "decode", "colocated", "kind", "apiVersion")
-        }
-        try:
-            return SimDeployment(**rest, **pools)
-        except TypeError as e:
-            raise ValueError(f"deployment: {e}") from e
-
-    @staticmethod
-    def load(path: str | Path) -> SimDeployment:
-        import yaml
-
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-        if not docs:
-            raise ValueError(f"deployment: {path} is empty")
-        return SimDeployment.from_dict(docs[0])
-
-
-def _engine_flag(args: Sequence[str], flag: str) -> str | None:
-    """The string value of ``--flag V`` or ``--flag=V`` (the last one wins), or None."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
-def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
-    """The value of an engine flag given as ``--flag N`` or ``--flag=N`` (the last one wins)."""
-    value = default
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = int(args[i + 1])
-        elif a.startswith(flag + "="):
-            value = int(a.split("=", 1)[1])
-    return value
 
 
 # --- measurement helpers -------------------------------------------------------------------------------
