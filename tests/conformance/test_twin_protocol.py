@@ -14,8 +14,9 @@ import pytest
 
 from disagg.cluster.released import ensure_wheel, pinned_releases
 from disagg.perf.latency import load_latency_model
-from disagg.twin.live.engine import NIXL_REMOTE_FIELDS, EngineSettings, LiveEngine
+from disagg.twin.live.engine import EngineSettings, LiveEngine
 from disagg.twin.live.exposition import VllmMetrics
+from disagg.twin.live.kv_exchange import NIXL_REMOTE_FIELDS
 
 pytestmark = pytest.mark.conformance
 

@@ -12,18 +12,16 @@ import pytest
 import yaml
 
 from disagg.perf.latency import load_latency_model
-from disagg.twin.live.engine import (
+from disagg.twin.live.engine import EngineSettings, EngineUnavailable, LiveEngine
+from disagg.twin.live.exposition import VllmMetrics, render
+from disagg.twin.live.follower import Defaults, Overrides, defaults_from_deployment, pod_spec_for
+from disagg.twin.live.kv_exchange import (
     Bootstrap,
-    EngineSettings,
-    EngineUnavailable,
-    LiveEngine,
     Rendezvous,
     RequestError,
     parse_bootstrap,
     parse_kv_transfer_params,
 )
-from disagg.twin.live.exposition import VllmMetrics, render
-from disagg.twin.live.follower import Defaults, Overrides, defaults_from_deployment, pod_spec_for
 from disagg.twin.live.latency import load_step_latency
 from disagg.twin.live.load import trace_requests
 from disagg.twin.live.proxy import check_local_endpoint, prefill_request

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from disagg.perf.latency import LatencyModel
-from disagg.twin.live.engine import EngineSettings, KvLoadFailurePolicy, LiveEngine, Rendezvous, Role
+from disagg.twin.live.engine import EngineSettings, KvLoadFailurePolicy, LiveEngine, Role
 from disagg.twin.live.exposition import EngineKind, make_metrics
+from disagg.twin.live.kv_exchange import Rendezvous
 from disagg.twin.live.latency import LatencyChoice, load_step_latency
 from disagg.twin.live.server import EngineServer, PodIdentity, ServerSettings
 

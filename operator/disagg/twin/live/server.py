@@ -33,18 +33,9 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from disagg.twin.live.engine import (
-    Bootstrap,
-    EngineUnavailable,
-    LiveEngine,
-    LiveRequest,
-    RemotePrefill,
-    RequestError,
-    Role,
-    TokenEvent,
-    parse_bootstrap,
-)
+from disagg.twin.live.engine import EngineUnavailable, LiveEngine, LiveRequest, Role, TokenEvent
 from disagg.twin.live.exposition import CONTENT_TYPE, EngineKind, render
+from disagg.twin.live.kv_exchange import Bootstrap, RemotePrefill, RequestError, parse_bootstrap
 
 Api = Literal["completions", "chat"]
 
