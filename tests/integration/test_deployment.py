@@ -327,6 +327,30 @@ def test_hand_edits_and_deleted_children_are_restored(
     assert operator_process.alive()
 
 
+def test_quantities_the_api_server_normalises_are_not_reapplied(
+    kube: KubeApi, namespace: str, crds: list[str]
+) -> None:
+    """cpu "0.5" is stored as "500m", memory "1.5Gi" as "1536Mi": the next apply finds every child
+    unchanged (it used to see drift and re-apply at every resync, forever)."""
+    from disagg.k8s.apply import apply_children, matches, with_owner
+
+    resources = {"requests": {"cpu": "0.5", "memory": "1.5Gi"}, "limits": {"cpu": "1.0", "memory": "2048Mi"}}
+    owner = apply(
+        kube, tiny_deployment("quantities", namespace, prefill={"replicas": 1, "resources": resources})
+    )
+    wanted = render_children(DisaggregatedDeployment.model_validate(owner))
+    first = apply_children(kube, owner, wanted, field_manager="disagg-tests")
+    assert first.created and not first.updated
+    live = first.live[("Deployment", "quantities-prefill")]
+    (engine,) = [c for c in live["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"]
+    assert engine["resources"]["requests"]["cpu"] == "500m"  # the server's canonical form
+    assert engine["resources"]["limits"]["memory"] == "2Gi"
+    second = apply_children(kube, owner, wanted, field_manager="disagg-tests")
+    assert not second.created and not second.updated and not second.pruned
+    assert sorted(second.unchanged) == sorted(first.created)
+    assert all(matches(with_owner(c, owner), second.live[(c["kind"], c["metadata"]["name"])]) for c in wanted)
+
+
 def test_a_restarted_operator_resumes_and_repairs_what_changed_meanwhile(
     kube: KubeApi, namespace: str, operator_factory: OperatorFactory
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from disagg.api.crd import CrdGenerationError, CrdSpec, all_crds, crd_for, deployment_crd_spec, to_structural
+from disagg.api.quantity import QUANTITY_PATTERN
 from disagg.cli import main
 
 
@@ -85,7 +86,10 @@ def test_defaults_and_enums_reach_the_schema() -> None:
     )
     assert spec["prefill"]["properties"]["podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
     limits = spec["prefill"]["properties"]["resources"]["properties"]["limits"]
-    assert limits["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert limits["additionalProperties"] == {
+        "x-kubernetes-int-or-string": True,
+        "pattern": QUANTITY_PATTERN,  # "256GB" refused at admission, naming the field
+    }
 
 
 def test_cel_rules_cover_the_cross_field_constraints() -> None:

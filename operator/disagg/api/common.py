@@ -12,8 +12,18 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from disagg.api.quantity import QUANTITY_HELP, QUANTITY_PATTERN, is_quantity
 
 API_GROUP = "disagg.dev"
 API_VERSION = "v1alpha1"
@@ -40,7 +50,18 @@ FreeFormList = Annotated[
 ]
 """A list of JSON objects kept as given (e.g. tolerations)."""
 
-Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+
+def _quantity(value: int | str) -> int | str:
+    if not is_quantity(value):
+        raise ValueError(f"{value!r} is not {QUANTITY_HELP}")
+    return value
+
+
+# An int or a string matching resource.Quantity's grammar (OpenAPI applies a pattern to strings only):
+# the API server rejects e.g. "256GB" at admission, naming the field, instead of the child apply failing.
+QUANTITY_SCHEMA: dict[str, Any] = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
+
+Quantity = Annotated[int | str, AfterValidator(_quantity), WithJsonSchema(QUANTITY_SCHEMA)]
 """A Kubernetes resource quantity: an integer or a string like ``"64Gi"`` or ``"500m"``."""
 
 StringMap = Annotated[
@@ -61,7 +82,7 @@ QuantityMap = Annotated[
         {
             "type": "object",
             "maxProperties": MAX_MAP_ENTRIES,
-            "additionalProperties": {"x-kubernetes-int-or-string": True},
+            "additionalProperties": QUANTITY_SCHEMA,
         }
     ),
 ]

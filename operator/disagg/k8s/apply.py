@@ -17,6 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from disagg.api.quantity import same_quantity
 from disagg.k8s.client import CHILD_KINDS, JsonDict, Kind, KubeApi, kind_of
 
 DEPLOYMENT_LABEL = "disagg.dev/deployment"
@@ -94,19 +95,33 @@ def controller_owner(obj: Mapping[str, Any], kind: str, api_group: str) -> tuple
     return None
 
 
-def _same_scalar(want: Any, have: Any) -> bool:
-    return bool(want == have) or (not isinstance(want, Mapping | list) and str(want) == str(have))
+# Where the API server stores a resource quantity in canonical form ("0.5" -> "500m", "1024Mi" -> "1Gi"):
+# the amounts of resources.requests/limits (containers, PVCs) and emptyDir's sizeLimit.
+_QUANTITY_PARENTS = frozenset({"requests", "limits"})
+_QUANTITY_KEYS = frozenset({"sizeLimit"})
 
 
-def matches(desired: Any, live: Any) -> bool:
+def _is_quantity_field(parent: str, key: str) -> bool:
+    return parent in _QUANTITY_PARENTS or key in _QUANTITY_KEYS
+
+
+def _same_scalar(want: Any, have: Any, quantity: bool = False) -> bool:
+    if want == have or (not isinstance(want, Mapping | list) and str(want) == str(have)):
+        return True
+    return quantity and same_quantity(want, have)
+
+
+def matches(desired: Any, live: Any, _keys: tuple[str, str] = ("", "")) -> bool:
     """Whether every field of ``desired`` holds in ``live`` (the server may add fields; none may differ).
 
     What server-side apply with our manifest would restore, approximately: a False here may be a
-    normalisation (e.g. a quantity rewritten), which only costs a no-op apply; a True is never drift.
+    normalisation, which only costs a no-op apply; a True is never drift. Quantities are compared by
+    value (the server stores ``cpu: "0.5"`` as ``500m``: not drift, else re-applied at every resync).
+    ``_keys`` is (parent key, key) of ``desired`` in the whole manifest.
     """
     if isinstance(desired, Mapping):
         return isinstance(live, Mapping) and all(
-            k in live and matches(v, live[k]) for k, v in desired.items()
+            k in live and matches(v, live[k], (_keys[1], str(k))) for k, v in desired.items()
         )
     if isinstance(desired, list):
         return (
@@ -114,7 +129,7 @@ def matches(desired: Any, live: Any) -> bool:
             and len(desired) == len(live)
             and all(matches(w, h) for w, h in zip(desired, live, strict=True))
         )
-    return _same_scalar(desired, live)
+    return _same_scalar(desired, live, _is_quantity_field(*_keys))
 
 
 def first_difference(desired: Any, live: Any, path: str = "") -> str | None:
@@ -137,7 +152,9 @@ def first_difference(desired: Any, live: Any, path: str = "") -> str | None:
             if found is not None:
                 return found
         return None
-    return None if _same_scalar(desired, live) else f"{path}: {desired!r:.80} vs {live!r:.80}"
+    parent, _, key = path.rpartition(".")
+    quantity = _is_quantity_field(parent.rpartition(".")[2], key)
+    return None if _same_scalar(desired, live, quantity) else f"{path}: {desired!r:.80} vs {live!r:.80}"
 
 
 def child_key(obj: Mapping[str, Any]) -> ChildKey:
