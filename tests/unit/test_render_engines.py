@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from disagg.api.common import describe_validation_error
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.render import (
     build_pdb,
@@ -18,6 +20,7 @@ from disagg.render import (
     build_router_service,
     effective_replicas,
     render_children,
+    stale_decision,
 )
 from disagg.render.settings import DEFAULT_SETTINGS
 
@@ -314,11 +317,38 @@ def test_pdb_and_services_select_the_pool_pods() -> None:
 
 
 def test_user_env_overrides_ours_without_duplicates() -> None:
-    dd = make("vllm", "nixl", decode={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "6000"}]})
+    dd = make(
+        "vllm",
+        "nixl",
+        kvTransfer={"connector": "nixl", "rdmaDevice": "mlx5_0"},
+        decode={"env": [{"name": "UCX_NET_DEVICES", "value": "mlx5_1:1"}]},
+    )
     container = engine(children_by_kind_name(dd)[("Deployment", "llm-decode")])
     names = [e["name"] for e in container["env"]]
     assert len(names) == len(set(names))
-    assert env(container)["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "6000"
+    assert env(container)["UCX_NET_DEVICES"] == "mlx5_1:1"
+
+
+def test_env_the_operator_owns_is_refused_naming_the_field() -> None:
+    # the side channel port is spec.kvTransfer.sideChannelPort (the pod declares that port); HF_TOKEN
+    # would replace the Secret reference with plain text
+    with pytest.raises(ValidationError) as raised:
+        make("vllm", "nixl", decode={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "6000"}]})
+    assert describe_validation_error(raised.value) == [
+        "spec.decode.env: [0] VLLM_NIXL_SIDE_CHANNEL_PORT is set by the operator from "
+        "spec.kvTransfer.sideChannelPort: set that field instead"
+    ]
+    with pytest.raises(ValidationError) as raised:
+        make(
+            engine={
+                "type": "vllm",
+                "env": [{"name": "X", "value": "1"}, {"name": "HF_TOKEN", "value": "hf_x"}],
+            }
+        )
+    assert describe_validation_error(raised.value) == [
+        "spec.engine.env: [1] HF_TOKEN is set by the operator from "
+        "spec.model.source.huggingFace.tokenSecretRef: set that field instead"
+    ]
 
 
 def test_pod_template_override_merges_containers_by_name_and_keeps_selector_labels() -> None:
@@ -397,6 +427,23 @@ def test_effective_replicas(enabled: bool, status: dict[str, Any] | None, expect
     }
     assert deployments["llm-prefill"]["spec"]["replicas"] == expected["prefill"]
     assert deployments["llm-decode"]["spec"]["replicas"] == expected["decode"]
+
+
+def test_the_policy_is_the_one_clamp_and_a_stale_decision_is_named() -> None:
+    """A decision made within the spec's bounds is applied as decided; one decided before the bounds
+    narrowed is held within them (never written beyond the user's bounds) and named, for the reconciler's
+    StaleScalingDecision Event."""
+    auto = {"enabled": True, "policyRef": {"name": "p"}, **BOUNDS}
+    fresh = with_status(make(), auto, {"mode": "active", "desiredReplicas": {"prefill": 4, "decode": 2}})
+    assert effective_replicas(fresh) == {"prefill": 4, "decode": 2}
+    assert stale_decision(fresh) is None
+    stale = with_status(make(), auto, {"mode": "active", "desiredReplicas": {"prefill": 6, "decode": 2}})
+    assert effective_replicas(stale) == {"prefill": 4, "decode": 2}
+    message = stale_decision(stale)
+    assert message is not None
+    assert "prefill 6 outside minReplicas 1..maxReplicas 4" in message and "decode 2" not in message
+    advisory = with_status(make(), auto, {"mode": "advisory", "desiredReplicas": {"prefill": 6, "decode": 2}})
+    assert stale_decision(advisory) is None
 
 
 def test_render_settings_ports_are_the_ones_the_api_reserves() -> None:

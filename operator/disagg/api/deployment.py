@@ -43,6 +43,7 @@ from disagg.api.common import (
     SecretKeyRef,
     StringMap,
 )
+from disagg.api.owned import EngineArgList, EngineEnvList, PodTemplateOverride
 from disagg.api.support import Connector, Engine, combination, support_rules
 
 KIND = "DisaggregatedDeployment"
@@ -294,10 +295,12 @@ class EngineSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Image pull policy of the engine containers."
     )
-    args: ArgList = Field(
+    args: EngineArgList = Field(
         default_factory=list, description="Extra engine arguments for both pools (appended after ours)."
     )
-    env: EnvList = Field(default_factory=list, description="Extra environment variables for both pools.")
+    env: EngineEnvList = Field(
+        default_factory=list, description="Extra environment variables for both pools."
+    )
 
 
 # ------------------------------------------------------------------------------------------ kv transfer
@@ -459,9 +462,13 @@ class RoleSpec(ApiModel):
     )
     tolerations: FreeFormList | None = Field(default=None, description="Pod tolerations (Kubernetes form).")
     affinity: FreeFormObject | None = Field(default=None, description="Pod affinity (Kubernetes form).")
-    args: ArgList = Field(default_factory=list, description="Extra engine arguments for this pool only.")
-    env: EnvList = Field(default_factory=list, description="Extra environment variables for this pool only.")
-    pod_template: FreeFormObject | None = Field(
+    args: EngineArgList = Field(
+        default_factory=list, description="Extra engine arguments for this pool only."
+    )
+    env: EngineEnvList = Field(
+        default_factory=list, description="Extra environment variables for this pool only."
+    )
+    pod_template: PodTemplateOverride | None = Field(
         default=None,
         description="Pod template override ({metadata, spec}) merged over the rendered pod template as a "
         "strategic merge patch would, for what the fields above don't cover: containers, volumes and env "

@@ -1,0 +1,162 @@
+"""What the operator owns in an engine pod, and the rules that keep user input off it.
+
+The operator renders the flags that wire a pool (the KV-transfer config, the role, ports, the served name,
+the parallelism), the environment that carries the Hugging Face token's Secret reference and the NIXL side
+channel, and the pod's ``dshm`` and ``model`` volumes. Extra ``args``/``env`` are appended after ours and a
+``podTemplate`` is merged over the rendered pod, so without these rules a user's second
+``--kv-transfer-config`` would win, an ``env`` ``HF_TOKEN`` would replace the Secret reference with plain
+text, and a ``podTemplate`` volume named ``dshm`` would be merged into ours.
+
+Where it is refused (docs/deployment.md, "What the operator owns"):
+- ``args`` and ``env`` of ``spec.engine``, ``spec.prefill`` and ``spec.decode``: at admission, by a CEL rule
+  on the list (the API server names the field) and by the same check in the model (``disagg render``).
+- ``podTemplate`` (free-form: the API server keeps it as given, CEL can't see into it): by the model, so
+  ``disagg render`` fails and the operator sets ``Degraded`` (reason ``InvalidSpec``) naming the field.
+The explicit escape hatch is the engine container's own ``args``/``command`` in ``podTemplate``: a list
+there replaces ours whole, on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
+
+from disagg.api.common import ArgList, EnvList, EnvVar, FreeFormObject
+
+# flag -> the spec field that sets it (vLLM and SGLang spellings; refused for either engine)
+OWNED_ENGINE_FLAGS: dict[str, str] = {
+    "--kv-transfer-config": "spec.kvTransfer",
+    "--served-model-name": "spec.model.servedName",
+    "--model": "spec.model",
+    "--model-path": "spec.model",
+    "--tensor-parallel-size": "tensorParallelSize",
+    "-tp": "tensorParallelSize",
+    "--tp-size": "tensorParallelSize",
+    "--tp": "tensorParallelSize",
+    "--host": "the operator (the pod's address)",
+    "--port": "the operator (the engine port the probes and Services use)",
+    "--shutdown-timeout": "shutdownTimeoutSeconds",
+    "--disaggregation-mode": "the pool's role",
+    "--disaggregation-transfer-backend": "spec.kvTransfer.connector",
+    "--disaggregation-bootstrap-port": "spec.kvTransfer.bootstrapPort",
+}
+# env name -> the spec field that sets it
+OWNED_ENGINE_ENV: dict[str, str] = {
+    "HF_TOKEN": "spec.model.source.huggingFace.tokenSecretRef",
+    "POD_NAMESPACE": "the operator (the downward API)",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "the operator (the pod IP)",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "spec.kvTransfer.sideChannelPort",
+}
+# volumes of the rendered engine pod: /dev/shm and the model's claim
+OWNED_VOLUMES: dict[str, str] = {
+    "dshm": "/dev/shm (the engine's shared memory)",
+    "model": "spec.model.source",
+}
+ENGINE_CONTAINER = "engine"
+
+# The flags above in one pattern, the same in RE2 (CEL's matches) and Python: the flag alone or as
+# --flag=value. Factored by hand because the API server's cost estimate grows with the pattern's length
+# (the flat alternation exceeded the per-rule budget over 128 args of 4096 characters);
+# tests/unit/test_api_owned.py checks it matches exactly these flags.
+OWNED_FLAG_PATTERN = (
+    "^-(tp|-(kv-transfer-config|served-model-name|model(-path)?|tensor-parallel-size|tp(-size)?|host|port"
+    "|shutdown-timeout|disaggregation-(mode|transfer-backend|bootstrap-port)))(=|$)"
+)
+_OWNED_FLAG_RE = re.compile(OWNED_FLAG_PATTERN)
+
+
+def _cel_list(names: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+ARGS_RULE: dict[str, Any] = {
+    "rule": f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
+    "message": f"must not set a flag the operator sets from the spec ({', '.join(OWNED_ENGINE_FLAGS)}): "
+    "set the spec field instead (docs/deployment.md, What the operator owns)",
+}
+ENV_RULE: dict[str, Any] = {
+    "rule": f"self.all(e, !(e.name in {_cel_list(list(OWNED_ENGINE_ENV))}))",
+    "message": f"must not set an environment variable the operator sets ({', '.join(OWNED_ENGINE_ENV)}); "
+    "the Hugging Face token goes in spec.model.source.huggingFace.tokenSecretRef",
+}
+
+
+def owned_flag(arg: str) -> str | None:
+    """The owned flag ``arg`` sets (``--port`` or ``--port=1``), None when it sets none."""
+    match = _OWNED_FLAG_RE.match(arg)
+    return arg.split("=", 1)[0] if match else None
+
+
+def check_args(args: list[str]) -> list[str]:
+    for index, arg in enumerate(args):
+        flag = owned_flag(arg)
+        if flag is not None:
+            raise ValueError(
+                f"[{index}] {flag} is set by the operator from {OWNED_ENGINE_FLAGS[flag]}: "
+                "set that field instead"
+            )
+    return args
+
+
+def env_problem(names: Sequence[str]) -> str | None:
+    for index, name in enumerate(names):
+        if name in OWNED_ENGINE_ENV:
+            return f"[{index}] {name} is set by the operator from {OWNED_ENGINE_ENV[name]}"
+    return None
+
+
+def pod_template_problem(template: Mapping[str, Any] | None) -> str | None:
+    """What a podTemplate override would take from the operator, as ``podTemplate.<path>: why``."""
+    if not template:
+        return None
+    spec = template.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    volumes = spec.get("volumes")
+    for index, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        name = volume.get("name") if isinstance(volume, Mapping) else None
+        if name in OWNED_VOLUMES:
+            return (
+                f"spec.volumes[{index}]: the volume {name!r} is the operator's "
+                f"({OWNED_VOLUMES[name]}): name yours differently"
+            )
+    containers = spec.get("containers")
+    for index, container in enumerate(containers if isinstance(containers, list) else []):
+        if not isinstance(container, Mapping) or container.get("name") != ENGINE_CONTAINER:
+            continue
+        env = container.get("env")
+        names = [str(e.get("name")) for e in (env if isinstance(env, list) else []) if isinstance(e, Mapping)]
+        problem = env_problem(names)
+        if problem is not None:
+            return f"spec.containers[{index}].env{problem}"
+    return None
+
+
+def _checked_env(env: list[EnvVar]) -> list[EnvVar]:
+    problem = env_problem([e.name for e in env])
+    if problem is not None:
+        raise ValueError(f"{problem}: set that field instead")
+    return env
+
+
+def _checked_pod_template(template: dict[str, Any]) -> dict[str, Any]:
+    problem = pod_template_problem(template)
+    if problem is not None:
+        raise ValueError(problem)
+    return template
+
+
+EngineArgList = Annotated[
+    ArgList, AfterValidator(check_args), Field(json_schema_extra={"x-kubernetes-validations": [ARGS_RULE]})
+]
+"""Extra engine arguments: any but the flags the operator owns (refused at admission, naming the field)."""
+EngineEnvList = Annotated[
+    EnvList, AfterValidator(_checked_env), Field(json_schema_extra={"x-kubernetes-validations": [ENV_RULE]})
+]
+"""Extra engine environment: any variable but those the operator owns (refused at admission)."""
+PodTemplateOverride = Annotated[FreeFormObject, AfterValidator(_checked_pod_template)]
+"""A pod template override that leaves the operator's volumes and engine env alone (checked by the
+model: the operator reports Degraded, ``disagg render`` fails; the CRD keeps podTemplate free-form)."""
