@@ -425,7 +425,8 @@ def test_autoscaler_desired_replicas_reach_the_pools(
     )
     apply(kube, spec)
     wait_children(kube, get_dd(kube, namespace, "auto"))
-    # the autoscaling loop's channel to the reconciler: status.autoscaling.desiredReplicas (clamped)
+    # the autoscaling loop's channel to the reconciler: status.autoscaling.desiredReplicas (decode 9 lies
+    # outside the spec's bounds, as a decision made before they narrowed: held within them, and recorded)
     kube.merge_patch_status(
         DISAGG_DEPLOYMENT,
         namespace,
@@ -440,6 +441,11 @@ def test_autoscaler_desired_replicas_reach_the_pools(
         return status.get("ratio") == "3:4"
 
     poll(status_follows, what="status.ratio 3:4")
+    stale = poll(
+        lambda: [e for e in events_for(kube, namespace, "auto") if e["reason"] == "StaleScalingDecision"],
+        what="a StaleScalingDecision Event on auto",
+    )
+    assert "decode 9 outside minReplicas 1..maxReplicas 4" in stale[0]["message"], stale[0]["message"]
 
 
 def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_working(

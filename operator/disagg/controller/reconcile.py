@@ -39,7 +39,7 @@ from disagg.k8s.apply import (
 )
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, JOB, SERVICE, JsonDict, KubeApi
 from disagg.k8s.events import post_event
-from disagg.render import effective_replicas, render_children
+from disagg.render import effective_replicas, render_children, stale_decision
 
 ROLE_LABEL = "disagg.dev/role"
 STATUS_WRITE_ATTEMPTS = 3
@@ -62,6 +62,7 @@ class Applied:
     problem: Problem | None
     wanted: dict[str, int] | None = None  # the replicas asked for, before the model cache gate
     model_cached: tuple[bool, str, str] | None = None  # the ModelCached condition written
+    stale: str | None = None  # why the decision was not applied as decided (render.stale_decision)
 
 
 class TransientError(Exception):
@@ -278,6 +279,8 @@ class Reconciler:
         wanted: dict[str, int] | None = None
         cache: ModelCacheState | None = None
         keep: set[ChildKey] = set()
+        stale: str | None = None
+        recorded = self.applied(key)
         if dd is not None:
             cache, job = self._model_cache(obj, dd)
             if job is not None:
@@ -285,13 +288,14 @@ class Reconciler:
             children, replicas, problem = render(dd, cache)
             if problem is None:
                 wanted = dict(effective_replicas(dd))  # it just succeeded inside render
+                stale = stale_decision(dd)
         model_cached = _condition_of(cache)
         applied: ApplyResult | None = None
         generation = int(metadata.get("generation") or 0)
         manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)}
         if problem is None:
             # remembered before applying, so the watch events our own apply causes are not taken for drift
-            self._remember(key, Applied(generation, replicas, manifests, None, wanted, model_cached))
+            self._remember(key, Applied(generation, replicas, manifests, None, wanted, model_cached, stale))
             try:
                 applied = apply_children(
                     self.api,
@@ -309,10 +313,11 @@ class Reconciler:
             manifests, replicas = {}, None
         elif problem is None and cache is not None and cache.problem is not None:
             problem = cache.problem  # the download failed: the children are applied, the object Degraded
-        self._remember(key, Applied(generation, replicas, manifests, problem, wanted, model_cached))
+        self._remember(key, Applied(generation, replicas, manifests, problem, wanted, model_cached, stale))
         if applied is not None:
             self._count_changes(applied)
             self._announce_changes(obj, applied)
+            self._announce_stale(obj, stale, recorded.stale if recorded is not None else None)
 
         live = applied.live if applied is not None else self._live_children(obj)
         written = self._write_status(obj, live, problem, generation, model_cached)
@@ -373,6 +378,14 @@ class Reconciler:
                 message = f"{verb} {', '.join(items)}"
                 log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
                 post_event(self.api, obj, reason, message, "Normal")
+
+    def _announce_stale(self, obj: Mapping[str, Any], stale: str | None, before: str | None) -> None:
+        """An Event when the autoscaler's decision does not fit the spec's bounds (once per message, not at
+        every reconcile): the pools are held within them (see :func:`disagg.render.effective_replicas`)."""
+        if stale is None or stale == before:
+            return
+        log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], stale)
+        post_event(self.api, obj, "StaleScalingDecision", stale, "Normal")
 
     def _write_status(
         self,

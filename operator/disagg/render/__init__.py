@@ -1,7 +1,8 @@
 """Pure rendering: a DisaggregatedDeployment spec to the child manifests, per engine and KV connector.
 
 ``render_children(dd, replicas)`` returns every child as a dict (no ownerReferences: the k8s layer adds
-them); ``effective_replicas(dd)`` says which replica counts the reconciler applies. No I/O.
+them); ``effective_replicas(dd)`` says which replica counts the reconciler applies, ``stale_decision(dd)``
+why the autoscaler's decision is not applied as decided. No I/O.
 """
 
 from __future__ import annotations
@@ -26,27 +27,69 @@ from disagg.render.builders import (
 from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 
 
+def _decided(dd: DisaggregatedDeployment) -> dict[str, int] | None:
+    """The autoscaler's decision the reconciler applies: status.autoscaling.desiredReplicas when autoscaling
+    is enabled, its mode is active and that field exists; None otherwise."""
+    auto = dd.spec.autoscaling
+    status = dd.status.autoscaling if dd.status else None
+    if auto is None or not auto.enabled or status is None or status.mode != "active":
+        return None
+    desired = status.desired_replicas
+    if desired is None:
+        return None
+    return {"prefill": desired.prefill, "decode": desired.decode}
+
+
+def stale_decision(dd: DisaggregatedDeployment) -> str | None:
+    """Why the autoscaler's decision is not applied as decided, or None when it is (or there is none).
+
+    The policy decides within the bounds of this very spec (:func:`disagg.policy.bounds.bounds_for` reads
+    :meth:`DisaggregatedDeploymentSpec.replica_bounds`, and :func:`disagg.policy.decide` clamps to them),
+    so a decided count outside them was decided under bounds the user has since changed (or written to
+    status by someone else): the reconciler records it.
+    """
+    decided = _decided(dd)
+    if decided is None:
+        return None
+    outside = []
+    for role in ROLE_NAMES:
+        bounds = dd.spec.replica_bounds(role)
+        if not bounds.min_replicas <= decided[role] <= bounds.max_replicas:
+            outside.append(
+                f"{role} {decided[role]} outside minReplicas {bounds.min_replicas}..maxReplicas "
+                f"{bounds.max_replicas}"
+            )
+    if not outside:
+        return None
+    return (
+        f"desiredReplicas was decided under other bounds ({'; '.join(outside)}): the pools are held "
+        "within the spec's bounds until the autoscaler decides again"
+    )
+
+
 def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
     """Replicas per role the reconciler applies.
 
-    status.autoscaling.desiredReplicas clamped to the role's replica bounds (spec.autoscaling.<role>, or
-    the spec's replicas when unset: :meth:`DisaggregatedDeploymentSpec.replica_bounds`, the same bounds
-    the policy decides within, so a target decided under bounds since narrowed is not applied beyond
-    them) when autoscaling is enabled, its mode is active and that field exists; spec.<role>.replicas
-    otherwise.
+    The autoscaler's decision (status.autoscaling.desiredReplicas, when autoscaling is enabled, its mode is
+    active and that field exists), else spec.<role>.replicas.
+
+    One clamp: the policy's. :func:`disagg.policy.decide` is where a decision is bounded, within
+    :func:`disagg.policy.bounds.bounds_for` of this spec, and a decision made under this spec passes
+    through here unchanged. The check below is not a second clamp of that decision: it is the render
+    layer's validation of its input. The object it renders pairs the spec as the user has it now with a
+    status value decided under an earlier generation of it (the user may narrow spec.autoscaling.<role>
+    at any time, and any status writer may write the field), and the only writer of replica counts never
+    writes one outside the bounds the user has set, the rule the API enforces on spec.<role>.replicas.
+    It binds only on such a stale value (:func:`stale_decision`, which the reconciler records), and only
+    until the autoscaler's next evaluation decides within the new bounds.
     """
     spec = dd.spec
     result: dict[str, int] = {role: spec.role(role).replicas for role in ROLE_NAMES}
-    auto = spec.autoscaling
-    status = dd.status.autoscaling if dd.status else None
-    if auto is None or not auto.enabled or status is None or status.mode != "active":
-        return result
-    desired = status.desired_replicas
-    if desired is None:
+    decided = _decided(dd)
+    if decided is None:
         return result
     for role in ROLE_NAMES:
-        value = desired.prefill if role == "prefill" else desired.decode
-        result[role] = spec.replica_bounds(role).clamp(value)  # the bounds the policy decided within
+        result[role] = spec.replica_bounds(role).clamp(decided[role])  # the user's bounds, see above
     return result
 
 
