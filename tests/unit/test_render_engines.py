@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from disagg.api.common import describe_validation_error
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.render import (
     build_pdb,
@@ -315,11 +317,38 @@ def test_pdb_and_services_select_the_pool_pods() -> None:
 
 
 def test_user_env_overrides_ours_without_duplicates() -> None:
-    dd = make("vllm", "nixl", decode={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "6000"}]})
+    dd = make(
+        "vllm",
+        "nixl",
+        kvTransfer={"connector": "nixl", "rdmaDevice": "mlx5_0"},
+        decode={"env": [{"name": "UCX_NET_DEVICES", "value": "mlx5_1:1"}]},
+    )
     container = engine(children_by_kind_name(dd)[("Deployment", "llm-decode")])
     names = [e["name"] for e in container["env"]]
     assert len(names) == len(set(names))
-    assert env(container)["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "6000"
+    assert env(container)["UCX_NET_DEVICES"] == "mlx5_1:1"
+
+
+def test_env_the_operator_owns_is_refused_naming_the_field() -> None:
+    # the side channel port is spec.kvTransfer.sideChannelPort (the pod declares that port); HF_TOKEN
+    # would replace the Secret reference with plain text
+    with pytest.raises(ValidationError) as raised:
+        make("vllm", "nixl", decode={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "6000"}]})
+    assert describe_validation_error(raised.value) == [
+        "spec.decode.env: [0] VLLM_NIXL_SIDE_CHANNEL_PORT is set by the operator from "
+        "spec.kvTransfer.sideChannelPort: set that field instead"
+    ]
+    with pytest.raises(ValidationError) as raised:
+        make(
+            engine={
+                "type": "vllm",
+                "env": [{"name": "X", "value": "1"}, {"name": "HF_TOKEN", "value": "hf_x"}],
+            }
+        )
+    assert describe_validation_error(raised.value) == [
+        "spec.engine.env: [1] HF_TOKEN is set by the operator from "
+        "spec.model.source.huggingFace.tokenSecretRef: set that field instead"
+    ]
 
 
 def test_pod_template_override_merges_containers_by_name_and_keeps_selector_labels() -> None:
