@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
@@ -16,6 +15,7 @@ from pydantic import ValidationError
 
 from disagg.api.common import describe_validation_error
 from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.textfile import MAX_MANIFEST_BYTES, TextFileError, decode_text, read_text
 from disagg.render import effective_replicas, render_children
 from disagg.render.yamlout import dump_manifests
 
@@ -39,11 +39,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where (line and column from 1)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(error).split())
+
+
 def load_documents(text: str, source: str) -> list[dict[str, Any]]:
     try:
         docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
-        raise RenderInputError(source, [f"not valid YAML: {exc}"]) from exc
+        raise RenderInputError(source, [f"not valid YAML: {yaml_problem(exc)}"]) from exc
     if not docs:
         raise RenderInputError(source, ["no YAML document found"])
     for index, doc in enumerate(docs):
@@ -56,6 +65,14 @@ def parse_deployment(
     doc: dict[str, Any], source: str, namespace: str | None = None
 ) -> DisaggregatedDeployment:
     kind = doc.get("kind")
+    if kind == "RatioPolicy":
+        raise RenderInputError(
+            source,
+            [
+                "kind: RatioPolicy is a policy, not a deployment: it renders no children "
+                "(kubectl apply it, or pass it to disagg simulate --policy)"
+            ],
+        )
     if kind != "DisaggregatedDeployment":
         raise RenderInputError(source, [f"kind: expected DisaggregatedDeployment, got {kind!r}"])
     if namespace and isinstance(doc.get("metadata"), dict) and not doc["metadata"].get("namespace"):
@@ -79,15 +96,18 @@ def render_text(text: str, source: str, namespace: str | None = None) -> str:
 
 def _read(filename: str, stdin: TextIO) -> tuple[str, str]:
     if filename == "-":
-        return stdin.read(), "<stdin>"
-    return Path(filename).read_text(), filename
+        buffer = getattr(stdin, "buffer", None)
+        if buffer is None:  # a text stream without bytes underneath (tests' StringIO)
+            return stdin.read(), "<stdin>"
+        return decode_text(buffer.read(MAX_MANIFEST_BYTES + 1), "<stdin>"), "<stdin>"
+    return read_text(filename, MAX_MANIFEST_BYTES), filename
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         text, source = _read(args.filename, sys.stdin)
-    except OSError as exc:
-        print(f"disagg render: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
+    except TextFileError as exc:  # unreadable, too large, not UTF-8: one line naming the file
+        print(f"disagg render: {exc}", file=sys.stderr)
         return 1
     try:
         sys.stdout.write(render_text(text, source, args.namespace))

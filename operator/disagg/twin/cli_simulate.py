@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -21,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from disagg.api.common import describe_validation_error
+from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import load_trace, scale_rate, truncate
@@ -38,6 +42,27 @@ class SloSettings:
     window_s: float = 30.0
 
 
+def _positive(value: str) -> float:
+    """argparse type: a finite number > 0 (a zero duration or SLO would make every figure NaN)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
+    return number
+
+
+def _non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
+    return number
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, type=Path, help="Azure CSV, Mooncake JSONL or BurstGPT CSV")
     parser.add_argument("--deployment", required=True, type=Path, help="DisaggregatedDeployment or twin YAML")
@@ -47,11 +72,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--compare", choices=["colocated"], help="also run colocated serving on the same GPUs"
     )
     parser.add_argument("--out", type=Path, help="directory for report.html and summary.json")
-    parser.add_argument("--ttft-slo", type=float, help="TTFT target in seconds (default: policy or 1.0)")
-    parser.add_argument("--itl-slo", type=float, help="ITL (mean per request) target in s (default 0.05)")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
-    parser.add_argument("--duration", type=float, help="only the first DURATION seconds of the trace")
-    parser.add_argument("--startup-delay", type=float, help="seconds a new replica takes to become ready")
+    parser.add_argument("--ttft-slo", type=_positive, help="TTFT target in seconds (default: policy or 1.0)")
+    parser.add_argument("--itl-slo", type=_positive, help="ITL (mean per request) target in s (default 0.05)")
+    parser.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply the trace's request rate")
+    parser.add_argument("--duration", type=_positive, help="only the first DURATION seconds of the trace")
+    parser.add_argument(
+        "--startup-delay", type=_non_negative, help="seconds a new replica takes to become ready"
+    )
     parser.add_argument("--routing", choices=["least_outstanding", "round_robin", "random"])
     parser.add_argument("--link", choices=["nic", "nvlink"], help="KV transfer path between pools")
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
@@ -78,10 +105,20 @@ def load_policy(path: Path) -> Any:
     """A RatioPolicy (disagg.api.ratiopolicy) from YAML; the error names the bad field."""
     from disagg.api.ratiopolicy import RatioPolicy
 
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    try:
+        docs = [d for d in yaml.safe_load_all(read_text(path, MAX_MANIFEST_BYTES)) if d]
+    except yaml.YAMLError as error:
+        raise ValueError(f"policy: {path} is not valid YAML: {' '.join(str(error).split())}") from error
     if not docs:
         raise ValueError(f"policy: {path} is empty")
-    return RatioPolicy.model_validate(docs[0])
+    doc = docs[0]
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind != "RatioPolicy":
+        raise ValueError(f"policy: {path}: kind {kind!r}: expected a RatioPolicy")
+    try:
+        return RatioPolicy.model_validate(doc)
+    except ValidationError as error:
+        raise ValueError(f"policy: {path}: " + "; ".join(describe_validation_error(error))) from error
 
 
 def policy_controller(spec: Any, dep: SimDeployment) -> Controller:
@@ -138,9 +175,12 @@ def run(args: argparse.Namespace) -> int:
             reqs = truncate(reqs, args.duration)
         if args.rate_scale != 1.0:
             reqs = scale_rate(reqs, args.rate_scale)
+        if not reqs:
+            window = f" in its first {args.duration:g} s" if args.duration is not None else ""
+            raise ValueError(f"trace: {args.trace} has no request{window}: nothing to simulate")
         policy = load_policy(args.policy) if args.policy else None
-    except (ValueError, OSError) as e:
-        print(f"disagg simulate: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # TextFileError and pydantic's ValidationError are ValueErrors
+        print(f"disagg simulate: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     slo = slo_settings(args, policy)
     runs: list[tuple[str, SimDeployment, Controller | None]] = []

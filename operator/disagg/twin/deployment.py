@@ -6,11 +6,14 @@ reading as the operator's: :func:`disagg.policy.bounds.bounds_for`). :mod:`disag
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
 from disagg.policy.bounds import bounds_for
 from disagg.policy.types import Bounds, Role, RoleBounds, ServingProfile
@@ -146,8 +149,19 @@ class SimDeployment:
     def from_dict(obj: Mapping[str, Any], startup: StartupAssumptions = DEFAULT_ASSUMPTIONS) -> SimDeployment:
         """A small twin deployment document, or a DisaggregatedDeployment object (kind set: validated,
         then :meth:`from_model`)."""
-        if obj.get("kind") == DisaggregatedDeployment.model_fields["kind"].default:
+        kind = obj.get("kind")
+        if kind == DisaggregatedDeployment.model_fields["kind"].default:
             return SimDeployment.from_model(DisaggregatedDeployment.model_validate(dict(obj)), startup)
+        if kind is not None:
+            raise ValueError(
+                f"deployment: kind {kind!r}: expected a DisaggregatedDeployment or a twin deployment "
+                "(model, prefill, decode)"
+                + (" - a RatioPolicy goes to --policy" if kind == "RatioPolicy" else "")
+            )
+        for role in ("prefill", "decode", "colocated"):
+            if obj.get(role) is not None and not isinstance(obj[role], Mapping):
+                raise ValueError(f"{role}: expected a mapping (replicas, tp, ...), got {obj[role]!r:.60}")
+            _known_fields(f"{role}.", obj.get(role) or {}, PoolSpec)
         try:
             pools: dict[str, Any] = {
                 k: PoolSpec(**v) for k, v in obj.items() if k in ("prefill", "decode", "colocated") and v
@@ -157,6 +171,7 @@ class SimDeployment:
         rest = {
             k: v for k, v in obj.items() if k not in ("prefill", "decode", "colocated", "kind", "apiVersion")
         }
+        _known_fields("", rest, SimDeployment)
         try:
             return SimDeployment(**rest, **pools)
         except TypeError as e:
@@ -164,12 +179,28 @@ class SimDeployment:
 
     @staticmethod
     def load(path: str | Path) -> SimDeployment:
-        import yaml
-
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        try:
+            docs = [d for d in yaml.safe_load_all(read_text(path, MAX_MANIFEST_BYTES)) if d]
+        except yaml.YAMLError as error:
+            raise ValueError(
+                f"deployment: {path} is not valid YAML: {' '.join(str(error).split())}"
+            ) from error
         if not docs:
             raise ValueError(f"deployment: {path} is empty")
+        if not isinstance(docs[0], dict):
+            raise ValueError(f"deployment: {path} does not hold a mapping")
         return SimDeployment.from_dict(docs[0])
+
+
+def _known_fields(prefix: str, given: Mapping[str, Any], cls: type) -> None:
+    """ValueError naming the keys of ``given`` that ``cls`` (a dataclass) has no field for."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(str(k) for k in given if k not in known)
+    if unknown:
+        raise ValueError(
+            f"deployment: unknown field(s) {', '.join(prefix + k for k in unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
 
 
 def _engine_flag(args: Sequence[str], flag: str) -> str | None:

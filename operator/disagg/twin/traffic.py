@@ -126,9 +126,14 @@ def load_trace(path: str | Path) -> list[Request]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"trace: {p} is not a file")
-    fmt = detect_format(p)
-    loader = {"azure": load_azure_csv, "mooncake": load_mooncake_jsonl, "burstgpt": load_burstgpt_csv}[fmt]
-    return loader(p)
+    loader = {"azure": load_azure_csv, "mooncake": load_mooncake_jsonl, "burstgpt": load_burstgpt_csv}
+    try:
+        return loader[detect_format(p)](p)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"trace: {p} is not UTF-8 text (byte 0x{error.object[error.start]:02x}): expected an Azure CSV, "
+            "Mooncake JSONL or BurstGPT CSV"
+        ) from error
 
 
 # --- transformations ----------------------------------------------------------------------------------
