@@ -9,6 +9,7 @@ the operator keeps serving other objects.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.wait import wait_for
 from disagg.k8s.apply import DEPLOYMENT_LABEL, owner_reference
 from disagg.k8s.client import (
+    APPLY_PATCH,
     CHILD_KINDS,
     CONFIGMAP,
     DEPLOYMENT,
@@ -349,6 +351,41 @@ def test_quantities_the_api_server_normalises_are_not_reapplied(
     assert not second.created and not second.updated and not second.pruned
     assert sorted(second.unchanged) == sorted(first.created)
     assert all(matches(with_owner(c, owner), second.live[(c["kind"], c["metadata"]["name"])]) for c in wanted)
+
+
+def test_a_served_name_beyond_the_basic_multilingual_plane_is_applied(
+    kube: KubeApi, namespace: str, crds: list[str]
+) -> None:
+    """An emoji used to go out as a JSON surrogate-pair escape, which the API server's YAML reader of
+    server-side apply bodies refuses: Degraded forever with 9 of 13 children. Now every child is applied
+    and the engines are told the name exactly."""
+    from disagg.k8s.apply import apply_children
+
+    served = "llama-\U0001f680-caf\u00e9"
+    spec = tiny_deployment("emoji", namespace)["spec"]
+    spec["model"]["servedName"] = served
+    owner = apply(kube, tiny_deployment("emoji", namespace, model=spec["model"]))
+    assert owner["spec"]["model"]["servedName"] == served  # the object itself went through apply
+    wanted = render_children(DisaggregatedDeployment.model_validate(owner))
+    result = apply_children(kube, owner, wanted, field_manager="disagg-tests")
+    assert sorted(result.created) == sorted(f"{c['kind']}/{c['metadata']['name']}" for c in wanted)
+    live = kube.get(DEPLOYMENT, namespace, "emoji-decode")
+    assert live is not None
+    (engine,) = [c for c in live["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"]
+    assert engine["args"][engine["args"].index("--served-model-name") + 1] == served
+    # the cause, for the record: the same apply with json.dumps' default ASCII escapes is refused
+    service = next(c for c in wanted if c["kind"] == "Service")
+    escaped = json.dumps({**service, "metadata": {**service["metadata"], "annotations": {"x": served}}})
+    assert "\\ud83d\\ude80" in escaped  # the surrogate pair
+    with pytest.raises(ApiException) as refused:
+        kube.request(
+            "PATCH",
+            SERVICE.path(namespace, service["metadata"]["name"]),
+            query=[("fieldManager", "disagg-tests"), ("force", "true")],
+            body=escaped.encode(),
+            content_type=APPLY_PATCH,
+        )
+    assert "invalid Unicode character escape code" in str(refused.value.body)
 
 
 def test_a_restarted_operator_resumes_and_repairs_what_changed_meanwhile(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,27 @@ class ApiUnreachable(OSError):
     :meth:`KubeApi.request` raises this instead, so callers need only ``except (ApiException, OSError)``."""
 
 
+# What a YAML parser must not see raw in a server-side apply body (sent as application/apply-patch+yaml;
+# JSON is YAML 1.2, but the API server reads it with go-yaml): DEL and the C1 controls (NEL among them, which
+# go-yaml folds into a space inside a quoted string), U+FEFF, U+FFFE, U+FFFF, and U+2028/U+2029 (line
+# breaks to YAML 1.1). They are written as \uXXXX escapes, which name valid code points. Source: go-yaml's
+# readerc.go (yaml_parser_update_buffer refuses control characters) and scannerc.go.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+def yaml_safe_json(body: Any) -> bytes:
+    r"""``body`` as JSON a YAML parser reads back unchanged, UTF-8 encoded.
+
+    Python's json.dumps escapes every non-ASCII character by default, and a character beyond the Basic
+    Multilingual Plane (an emoji in a servedName) as a UTF-16 surrogate pair ``\ud83d\ude80``: valid JSON,
+    but go-yaml refuses a surrogate escape ("found invalid Unicode character escape code", scannerc.go:
+    YAML's \u escapes name code points, and a surrogate is none), so every apply of such a child failed.
+    Raw UTF-8 is what YAML wants; only the characters above are escaped.
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+
+
 def _transport_reason(error: urllib3.exceptions.HTTPError) -> str:
     """One line: the underlying cause of a urllib3 failure (MaxRetryError keeps it in ``reason``)."""
     cause: BaseException = error
@@ -180,6 +202,8 @@ class KubeApi:
             headers["Content-Type"] = content_type
         elif body is not None:
             headers["Content-Type"] = "application/json"
+        if content_type == APPLY_PATCH and body is not None and not isinstance(body, bytes | str):
+            body = yaml_safe_json(body)  # bytes go out as they are (the client would json.dumps them)
         m, url, hdrs, payload, _ = self.api_client.param_serialize(
             method,
             path,
