@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,3 +247,76 @@ def _observe_through_relabelling(
 def observe_other(signals: PrometheusSignals, namespace: str) -> Observation:
     obs, _ = signals.observe("vllm", namespace, "other", POOLS, 90, 90, 60, now=time.time())
     return obs
+
+
+def _bcrypt(password: str) -> str | None:
+    """A bcrypt hash (what basic_auth_users holds) from the C library's crypt, if it has bcrypt."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # crypt leaves the stdlib in 3.13
+        try:
+            import crypt
+        except ImportError:
+            return None
+    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    return hashed if hashed and hashed.startswith("$2") else None
+
+
+def test_a_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
+    """A real Prometheus serving HTTPS with a private CA and basic auth (--web.config.file): verification
+    is on by default, so the unknown CA is refused; with the CA bundle and the credentials (an extra
+    Authorization header) the adapter reads; wrong credentials are a missing signal, not a crash."""
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+
+    from disagg.cluster.certs import CertSettings, issue_certificate, make_ca
+    from disagg.cluster.prometheus import PrometheusSettings, WebConfig, start_prometheus
+    from disagg.metrics.prometheus import PrometheusAccess
+    from disagg.metrics.queries import QuerySet
+
+    hashed = _bcrypt("s3cret")
+    if hashed is None:
+        pytest.skip("no bcrypt in this C library's crypt: cannot write basic_auth_users")
+    ca_key, ca_cert = make_ca(CertSettings())
+    key, cert = issue_certificate(ca_key, ca_cert, "prometheus", ip_addresses=("127.0.0.1",), server=True)
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.crt").write_bytes(ca_cert.public_bytes(pem))
+    (tmp_path / "tls.crt").write_bytes(cert.public_bytes(pem))
+    (tmp_path / "tls.key").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    web = WebConfig(
+        # keys of the exporter-toolkit web configuration Prometheus reads from --web.config.file
+        # (https://prometheus.io/docs/prometheus/latest/configuration/https/)
+        config={
+            "tls_server_config": {
+                "cert_file": str(tmp_path / "tls.crt"),
+                "key_file": str(tmp_path / "tls.key"),
+            },
+            "basic_auth_users": {"disagg": hashed},
+        },
+        ca_file=tmp_path / "ca.crt",
+        basic_auth=("disagg", "s3cret"),
+    )
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": []}
+    prom = start_prometheus(config, tmp_path / "prom", PrometheusSettings(tie_to_parent=True), web=web)
+    try:
+        assert prom.url.startswith("https://")
+        queries = QuerySet({"one": "vector(1)"})
+        basic = "Basic " + base64.b64encode(b"disagg:s3cret").decode()
+        ca = str(tmp_path / "ca.crt")
+
+        refused = PrometheusSignals(prom.url).run(queries)  # system CAs only: the private CA is unknown
+        assert refused.get("one").state is SignalState.MISSING and "SSL" in refused.errors["one"]
+
+        access = PrometheusAccess(ca_file=ca, headers=(("Authorization", basic),))
+        answered = PrometheusSignals(prom.url, access=access).run(queries)
+        assert answered.errors == {} and answered.get("one").value == 1.0
+
+        wrong = PrometheusAccess(ca_file=ca, headers=(("Authorization", "Basic d3Jvbmc6d3Jvbmc="),))
+        unauthorized = PrometheusSignals(prom.url, access=wrong).run(queries)
+        assert unauthorized.get("one").state is SignalState.MISSING and "401" in unauthorized.errors["one"]
+    finally:
+        prom.stop()

@@ -7,6 +7,7 @@ starts Debian's Prometheus with the lifecycle API on a free port and waits for `
 from __future__ import annotations
 
 import contextlib
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,30 @@ class PrometheusSettings:
     build: BuildSettings = field(default_factory=BuildSettings)
 
 
+@dataclass(frozen=True)
+class WebConfig:
+    """Prometheus' --web.config.file (the Prometheus exporter-toolkit web configuration: keys
+    ``tls_server_config`` {cert_file, key_file, ...} and ``basic_auth_users`` {user: bcrypt hash}, see
+    https://prometheus.io/docs/prometheus/latest/configuration/https/), and how this module's own requests
+    (readiness, queries, reload) pass it: the CA to verify with and the basic-auth credentials."""
+
+    config: dict[str, Any]
+    ca_file: Path | None = None
+    basic_auth: tuple[str, str] | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if "tls_server_config" in self.config else "http"
+
+    def client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.ca_file is not None:
+            options["verify"] = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.basic_auth is not None:
+            options["auth"] = self.basic_auth
+        return options
+
+
 @dataclass
 class PrometheusProcess:
     url: str
@@ -44,12 +69,16 @@ class PrometheusProcess:
     log_path: Path
     process: subprocess.Popen[bytes]
     settings: PrometheusSettings
+    web: WebConfig | None = None
+
+    def _options(self) -> dict[str, Any]:
+        return self.web.client_options() if self.web is not None else {}
 
     def reload(self, config: dict[str, Any] | None = None) -> None:
         """Write ``config`` (if given) and ask Prometheus to reload it (POST /-/reload)."""
         if config is not None:
             _write_config(self.config_path, config)
-        response = httpx.post(f"{self.url}/-/reload", timeout=10.0)
+        response = httpx.post(f"{self.url}/-/reload", timeout=10.0, **self._options())
         if response.status_code != 200:
             raise PrometheusError(
                 f"reload failed: HTTP {response.status_code} {response.text}\n{self.log_tail()}"
@@ -57,7 +86,9 @@ class PrometheusProcess:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Instant query; the ``result`` list of the answer (empty when no series matches)."""
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10.0)
+        response = httpx.get(
+            f"{self.url}/api/v1/query", params={"query": expr}, timeout=10.0, **self._options()
+        )
         response.raise_for_status()
         body: dict[str, Any] = response.json()
         if body.get("status") != "success":
@@ -66,7 +97,9 @@ class PrometheusProcess:
         return result
 
     def active_targets(self) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10.0)
+        response = httpx.get(
+            f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10.0, **self._options()
+        )
         response.raise_for_status()
         targets: list[dict[str, Any]] = response.json()["data"]["activeTargets"]
         return targets
@@ -100,9 +133,13 @@ def _write_config(path: Path, config: dict[str, Any]) -> None:
 
 
 def start_prometheus(
-    config: dict[str, Any], workdir: Path, settings: PrometheusSettings | None = None
+    config: dict[str, Any],
+    workdir: Path,
+    settings: PrometheusSettings | None = None,
+    web: WebConfig | None = None,
 ) -> PrometheusProcess:
-    """Start Prometheus with ``config`` on a free 127.0.0.1 port and wait until it is ready."""
+    """Start Prometheus with ``config`` on a free 127.0.0.1 port and wait until it is ready; with ``web``,
+    serving TLS and/or basic auth as its web configuration says."""
     settings = settings or PrometheusSettings()
     binary = ensure_binary("prometheus", settings.build)
     workdir = Path(workdir)
@@ -110,7 +147,7 @@ def start_prometheus(
     config_path = workdir / "prometheus.yml"
     _write_config(config_path, config)
     (port,) = free_ports(1)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{web.scheme if web is not None else 'http'}://127.0.0.1:{port}"
     log_path = workdir / "prometheus.log"
     args = [
         str(binary),
@@ -121,9 +158,13 @@ def start_prometheus(
         f"--storage.tsdb.retention.time={settings.retention}",
         f"--log.level={settings.log_level}",
     ]
+    if web is not None:
+        web_path = workdir / "web.yml"
+        web_path.write_text(yaml.safe_dump(web.config, sort_keys=False))
+        args.append(f"--web.config.file={web_path}")
     process = spawn_logged(args, log_path, cwd=workdir, tie_to_parent=settings.tie_to_parent)
     (workdir / "prometheus.pid").write_text(f"{process.pid}\n")
-    prom = PrometheusProcess(url, workdir, config_path, log_path, process, settings)
+    prom = PrometheusProcess(url, workdir, config_path, log_path, process, settings, web)
     try:
         _wait_ready(prom)
     except BaseException:
@@ -139,7 +180,7 @@ def _wait_ready(prom: PrometheusProcess) -> None:
         if code is not None:
             raise PrometheusError(f"prometheus exited with code {code}:\n{prom.log_tail()}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{prom.url}/-/ready", timeout=2.0).status_code == 200:
+            if httpx.get(f"{prom.url}/-/ready", timeout=2.0, **prom._options()).status_code == 200:
                 return
         time.sleep(0.2)
     raise PrometheusError(
