@@ -336,7 +336,7 @@ def test_env_the_operator_owns_is_refused_naming_the_field() -> None:
         make("vllm", "nixl", decode={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "6000"}]})
     assert describe_validation_error(raised.value) == [
         "spec.decode.env: [0] VLLM_NIXL_SIDE_CHANNEL_PORT is set by the operator from "
-        "spec.kvTransfer.sideChannelPort: set that field instead"
+        "spec.kvTransfer.sideChannelPort"
     ]
     with pytest.raises(ValidationError) as raised:
         make(
@@ -347,7 +347,7 @@ def test_env_the_operator_owns_is_refused_naming_the_field() -> None:
         )
     assert describe_validation_error(raised.value) == [
         "spec.engine.env: [1] HF_TOKEN is set by the operator from "
-        "spec.model.source.huggingFace.tokenSecretRef: set that field instead"
+        "spec.model.source.huggingFace.tokenSecretRef (a Secret reference, never plain text)"
     ]
 
 

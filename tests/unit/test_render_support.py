@@ -203,7 +203,7 @@ def test_pod_template_merges_env_mounts_and_ports_by_their_keys() -> None:
                 {
                     "name": "engine",
                     "env": [
-                        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "10.0.0.1"},
+                        {"name": "UCX_NET_DEVICES", "value": "mlx5_1:1"},
                         {"name": "NEW", "value": "1"},
                     ],
                     "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm", "readOnly": False}],
@@ -212,10 +212,11 @@ def test_pod_template_merges_env_mounts_and_ports_by_their_keys() -> None:
             ]
         }
     }
-    template = pod(make("vllm", "nixl", prefill={"podTemplate": override}))
+    kv = {"connector": "nixl", "rdmaDevice": "mlx5_0"}
+    template = pod(make("vllm", "nixl", kvTransfer=kv, prefill={"podTemplate": override}))
     container = template["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
-    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "10.0.0.1"}
+    assert env["UCX_NET_DEVICES"] == {"name": "UCX_NET_DEVICES", "value": "mlx5_1:1"}
     assert env["NEW"]["value"] == "1" and "VLLM_NIXL_SIDE_CHANNEL_PORT" in env
     shm = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert shm == [{"name": "dshm", "mountPath": "/dev/shm", "readOnly": False}]

@@ -26,29 +26,29 @@ from pydantic import AfterValidator, Field
 
 from disagg.api.common import ArgList, EnvList, EnvVar, FreeFormObject
 
-# flag -> the spec field that sets it (vLLM and SGLang spellings; refused for either engine)
+# flag -> where the operator takes its value from (vLLM and SGLang spellings; refused for either engine)
 OWNED_ENGINE_FLAGS: dict[str, str] = {
-    "--kv-transfer-config": "spec.kvTransfer",
-    "--served-model-name": "spec.model.servedName",
-    "--model": "spec.model",
-    "--model-path": "spec.model",
-    "--tensor-parallel-size": "tensorParallelSize",
-    "-tp": "tensorParallelSize",
-    "--tp-size": "tensorParallelSize",
-    "--tp": "tensorParallelSize",
-    "--host": "the operator (the pod's address)",
-    "--port": "the operator (the engine port the probes and Services use)",
-    "--shutdown-timeout": "shutdownTimeoutSeconds",
-    "--disaggregation-mode": "the pool's role",
-    "--disaggregation-transfer-backend": "spec.kvTransfer.connector",
-    "--disaggregation-bootstrap-port": "spec.kvTransfer.bootstrapPort",
+    "--kv-transfer-config": "from spec.kvTransfer",
+    "--served-model-name": "from spec.model.servedName",
+    "--model": "from spec.model",
+    "--model-path": "from spec.model",
+    "--tensor-parallel-size": "from tensorParallelSize",
+    "-tp": "from tensorParallelSize",
+    "--tp-size": "from tensorParallelSize",
+    "--tp": "from tensorParallelSize",
+    "--host": "to the pod's address",
+    "--port": "to the engine port the probes and Services use",
+    "--shutdown-timeout": "from shutdownTimeoutSeconds",
+    "--disaggregation-mode": "from the pool's role",
+    "--disaggregation-transfer-backend": "from spec.kvTransfer.connector",
+    "--disaggregation-bootstrap-port": "from spec.kvTransfer.bootstrapPort",
 }
-# env name -> the spec field that sets it
+# env name -> where the operator takes its value from
 OWNED_ENGINE_ENV: dict[str, str] = {
-    "HF_TOKEN": "spec.model.source.huggingFace.tokenSecretRef",
-    "POD_NAMESPACE": "the operator (the downward API)",
-    "VLLM_NIXL_SIDE_CHANNEL_HOST": "the operator (the pod IP)",
-    "VLLM_NIXL_SIDE_CHANNEL_PORT": "spec.kvTransfer.sideChannelPort",
+    "HF_TOKEN": "from spec.model.source.huggingFace.tokenSecretRef (a Secret reference, never plain text)",
+    "POD_NAMESPACE": "to the pod's namespace",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "to the pod IP",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "from spec.kvTransfer.sideChannelPort",
 }
 # volumes of the rendered engine pod: /dev/shm and the model's claim
 OWNED_VOLUMES: dict[str, str] = {
@@ -94,17 +94,15 @@ def check_args(args: list[str]) -> list[str]:
     for index, arg in enumerate(args):
         flag = owned_flag(arg)
         if flag is not None:
-            raise ValueError(
-                f"[{index}] {flag} is set by the operator from {OWNED_ENGINE_FLAGS[flag]}: "
-                "set that field instead"
-            )
+            raise ValueError(f"[{index}] {flag} is set by the operator {OWNED_ENGINE_FLAGS[flag]}")
     return args
 
 
-def env_problem(names: Sequence[str]) -> str | None:
+def env_problem(names: Sequence[str]) -> tuple[int, str] | None:
+    """The index of the first owned variable in ``names`` and why it is the operator's."""
     for index, name in enumerate(names):
         if name in OWNED_ENGINE_ENV:
-            return f"[{index}] {name} is set by the operator from {OWNED_ENGINE_ENV[name]}"
+            return index, f"{name} is set by the operator {OWNED_ENGINE_ENV[name]}"
     return None
 
 
@@ -131,14 +129,14 @@ def pod_template_problem(template: Mapping[str, Any] | None) -> str | None:
         names = [str(e.get("name")) for e in (env if isinstance(env, list) else []) if isinstance(e, Mapping)]
         problem = env_problem(names)
         if problem is not None:
-            return f"spec.containers[{index}].env{problem}"
+            return f"spec.containers[{index}].env[{problem[0]}]: {problem[1]}"
     return None
 
 
 def _checked_env(env: list[EnvVar]) -> list[EnvVar]:
     problem = env_problem([e.name for e in env])
     if problem is not None:
-        raise ValueError(f"{problem}: set that field instead")
+        raise ValueError(f"[{problem[0]}] {problem[1]}")
     return env
 
 
