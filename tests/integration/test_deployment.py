@@ -524,6 +524,31 @@ def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_work
     poll(recovered, what="broken no longer Degraded")
 
 
+def test_a_pod_template_taking_the_operators_volume_is_degraded_naming_the_field(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    """podTemplate is free-form (CEL can't see into it): a volume named like the operator's /dev/shm is
+    reported by the operator as Degraded naming the field, with a Warning Event; no child is created."""
+    template = {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}
+    apply(kube, tiny_deployment("shm", namespace, prefill={"replicas": 1, "podTemplate": template}))
+
+    def degraded() -> JsonDict | None:
+        found = condition(get_dd(kube, namespace, "shm"), "Degraded")
+        return found if found.get("status") == "True" else None
+
+    found = poll(degraded, what="shm Degraded")
+    assert found["reason"] == "InvalidSpec"
+    assert "spec.prefill.podTemplate" in found["message"] and "spec.volumes[0]" in found["message"]
+    assert "'dshm' is the operator's" in found["message"]
+    assert children(kube, namespace, "shm") == {}
+    warnings = poll(
+        lambda: [e for e in events_for(kube, namespace, "shm") if e["type"] == "Warning"],
+        what="a Warning Event on shm",
+    )
+    assert any(e["reason"] == "InvalidSpec" and "dshm" in e["message"] for e in warnings)
+    assert operator_process.alive()
+
+
 KOPF_PEERING_CRDS = ROOT / "charts" / "disagg-operator" / "crds" / "kopf-peering.yaml"
 KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 
