@@ -820,3 +820,22 @@ def test_model_based_grows_prefill_ahead_of_the_window_when_its_queue_keeps_grow
     growing = PolicyState(prefill_queue=((0.0, 10.0), (30.0, 130.0)))
     ahead, _ = run(o, policy, state=growing, bounds=MB_BOUNDS)
     assert ahead.prefill > calm.prefill
+
+
+def test_a_prefill_pool_caught_out_by_returning_traffic_keeps_the_level_it_returned_to() -> None:
+    # chat at 5 req/s of 2000-token prompts now; for most of the last hour code traffic brought 40k
+    # prompt tokens/s, and once it came back it outran the pool. A pool caught out like that keeps what
+    # the hour's busier level needs; one never caught out shrinks to today's need
+    policy = spec(algorithm="model-based", **FREE)
+    now = 3600.0
+    o = obs(t=now, p=6, d=2, rate=5.0, prompt=2000.0, output=200.0, ttft=0.5)
+    # code (40k tokens/s) until 10 minutes ago, chat (10k) since
+    work = tuple((now - 30.0 * i, 40_000.0 if i > 20 else 10_000.0, 2_000.0) for i in range(110, 0, -1))
+    calm = PolicyState(work_history=work, load_history=tuple((t, 5.0) for t, _, _ in work))
+    shrunk, _ = run(o, policy, state=calm, bounds=MB_BOUNDS)
+    caught = replace(calm, prefill_fell_behind=(now - 1800.0,))
+    kept, state = run(o, policy, state=caught, bounds=MB_BOUNDS)
+    assert shrunk.prefill < kept.prefill <= 6
+    assert state.prefill_fell_behind == (now - 1800.0,)  # remembered for an hour
+    _, later = run(replace(o, time=now + 1900.0), policy, state=state, bounds=MB_BOUNDS)
+    assert later.prefill_fell_behind == ()

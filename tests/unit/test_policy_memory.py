@@ -25,6 +25,7 @@ def _state(now: float = NOW) -> PolicyState:
         load_history=tuple((now - 15.0 * i, 10.0 + i / 7) for i in range(40, -1, -1)),
         work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
+        prefill_fell_behind=(now - 1200.0,),
         slo_spend=0.125,
     )
 
@@ -45,6 +46,7 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert restored.last_scale_up == {"decode": round(NOW - 120.4)}
     assert restored.last_scale_down == {"prefill": NOW - 600.0}
     assert restored.flaps == {"decode": (NOW - 900.0, NOW - 300.0)}
+    assert restored.prefill_fell_behind == (NOW - 1200.0,)
 
 
 def test_the_stabilisation_window_and_ceilings_start_fresh() -> None:

@@ -33,6 +33,7 @@ from disagg.policy.feedback import (
 )
 from disagg.policy.model_based import (
     QUEUE_MEMORY_S,
+    RECURRENCE_S,
     LatencyModelLike,
     computed_prompts,
     decode_batch_at_slo,
@@ -457,11 +458,14 @@ def decide(
         ((now, rate.value),) if rate.ok and rate.value is not None else ()
     )
     work = work_sample(observation)
+    episodes = tuple(t for t in state.prefill_fell_behind if now - t <= RECURRENCE_S)
+    if proposal.prefill_fell_behind and (not episodes or now - episodes[-1] > windows[1]):
+        episodes = (*episodes, now)  # a new episode: the last one ended more than a scale-down window ago
     waiting = observation.prefill.queue_depth
     prefill_queue = tuple(q for q in state.prefill_queue if now - q[0] <= QUEUE_MEMORY_S)[-2:] + (
         ((now, waiting.value),) if waiting.ok and waiting.value is not None else ()
     )
-    work_history = tuple(w for w in state.work_history if now - w[0] <= span) + (
+    work_history = tuple(w for w in state.work_history if now - w[0] <= max(span, RECURRENCE_S)) + (
         ((now, *work),) if work is not None else ()
     )
     new_state = PolicyState(
@@ -475,6 +479,7 @@ def decide(
         load_history=history,
         work_history=work_history,
         prefill_queue=prefill_queue,
+        prefill_fell_behind=episodes,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
     )
     decision = Decision(

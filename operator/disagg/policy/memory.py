@@ -83,6 +83,7 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "correction": correction,
         "sloSpend": _finite(state.slo_spend),
         "flaps": flaps,
+        "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
         "lastScaleUp": _times(state.last_scale_up, now),
         "lastScaleDown": _times(state.last_scale_down, now),
     }
@@ -150,7 +151,13 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         times = sorted(t for t in restored if t is not None)
         if times:
             flaps[k] = tuple(times[-MAX_FLAPS:])
+    raw_episodes = data.get("prefillFellBehind")
+    restored_episodes = (
+        _restore_time(v, now) for v in (raw_episodes if isinstance(raw_episodes, list) else ())
+    )
+    episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
     return PolicyState(
+        prefill_fell_behind=tuple(episodes),
         load_history=tuple(history[-MAX_SAMPLES:]),
         work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,

@@ -67,6 +67,14 @@ MAX_UTILIZATION = 0.97
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
 MAX_PREFIX_HIT = 0.95
+# a prefill pool that arrivals outran at least RECURRENCE_EPISODES times within RECURRENCE_S (distinct
+# episodes, a scale-down window apart) keeps what the span's busier work needs (its RECURRENCE_QUANTILE
+# quantile): traffic that switches between regimes (chat <-> code <-> documents) returns to levels it
+# has visited, and a pool shrunk in between meets each return with a start-up and a backlog. A
+# quantile, not the peak: the window's work is noisy with heavy-tailed prompts
+RECURRENCE_S = 3600.0
+RECURRENCE_EPISODES = 1
+RECURRENCE_QUANTILE = 0.8
 # queue samples older than this are not "the last evaluations" (an operator that paused, a restart)
 QUEUE_MEMORY_S = 180.0
 # a prefill pool falls behind when, over the metric window, it computed less than this share of the
@@ -530,6 +538,15 @@ def queue_growth_rate(samples: Sequence[tuple[float, float]], now: float, queued
     return (q1 - q0) / (t1 - t0)
 
 
+def recurring_level(state: PolicyState, now: float, per_request: float) -> float:
+    """The prefill work the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
+    samples), in requests/s at today's computed prompt length."""
+    hour = sorted(w[1] for w in state.work_history if now - w[0] <= RECURRENCE_S)
+    if not hour:
+        return 0.0
+    return hour[min(int(RECURRENCE_QUANTILE * len(hour)), len(hour) - 1)] / per_request
+
+
 def settled_for(state: PolicyState, role: Role, now: float, policy: RatioPolicySpec, bounds: Bounds) -> bool:
     """Whether the pool has served at its present size for a whole metric window: no scale-up for its
     start-up plus the window, no scale-down for the window (a window's throughput then belongs to the
@@ -710,7 +727,21 @@ def model_based_proposal(
     # compute plus that growth, and count the backlog the queue will hold when new replicas are ready
     queued = _v(obs.prefill.queue_depth) or 0.0
     outrun = queue_growth_rate(state.prefill_queue, now, queued, obs.prefill.ready)
+    # only a queue that already costs users a real share of the TTFT target counts (and only then are
+    # the ready replicas surely busy): bursty arrivals and heavy-tailed prompts grow a short queue at
+    # two evaluations by chance (seen: prefill planned for 14.7 req/s at 6.2 arriving, and reversed
+    # five times an hour)
+    if queued * service.mean_s / max(obs.prefill.ready, 1) < 0.5 * ttft_t:
+        outrun = 0.0
+    fell_behind = outrun > 0
+    recurring = [t for t in state.prefill_fell_behind if now - t <= RECURRENCE_S]
+    new_episode = fell_behind and (not recurring or now - recurring[-1] > shrink_window)
+    if len(recurring) + new_episode >= RECURRENCE_EPISODES:
+        level = recurring_level(state, now, computed)
+        pp = replace(pp, keep=max(pp.keep, level))
     if outrun > 0:
+        # a queue this long keeps the ready replicas computing at their capacity: arrivals are that
+        # plus the growth (the window's average rate lags a shift by half its span)
         arriving = obs.prefill.ready / service.mean_s + outrun
         pp = replace(pp, plan=max(pp.plan, arriving), keep=max(pp.keep, arriving))
     horizon = startup_horizon_s(policy, bounds)
@@ -853,4 +884,5 @@ def model_based_proposal(
         ),
         corr,
         spend,
+        prefill_fell_behind=fell_behind,
     )

@@ -27,6 +27,9 @@ class Proposal:
     decode: RoleProposal
     correction: dict[str, float] = field(default_factory=dict)  # model-based: updated correction factors
     slo_spend: float | None = None  # model-based: the updated error-budget spend (None: not tracked)
+    # model-based: arrivals outran the prefill pool this evaluation (its queue grew to a real share of
+    # the TTFT target at two evaluations running): the engine remembers when, see PolicyState
+    prefill_fell_behind: bool = False
 
     def role(self, role: Role) -> RoleProposal:
         return self.prefill if role == "prefill" else self.decode

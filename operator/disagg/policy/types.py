@@ -156,6 +156,9 @@ class PolicyState:
     # (time, requests queued at prefill) at the last few evaluations: a queue growing at each of them
     # says by how much arrivals outrun the pool now, before the window's average rate shows it
     prefill_queue: tuple[tuple[float, float], ...] = ()
+    # when arrivals outran the prefill pool (the start of each such episode) within the last hour: a pool
+    # caught out more than once by traffic returning to a level it had seen keeps what that level needs
+    prefill_fell_behind: tuple[float, ...] = ()
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
