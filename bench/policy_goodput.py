@@ -281,7 +281,7 @@ def controllers(case: TraceCase, setup: Setup) -> dict[str, Callable[[], Control
 
 
 def contender_sources() -> list[str]:
-    """What each baseline row reproduces, and from which source and version (policy/baselines.py)."""
+    """What each baseline row reproduces, and from which source and version (disagg.policy.baselines)."""
     return [f"  {name}: {text}" for name, text in SOURCES.items()]
 
 
