@@ -3,16 +3,21 @@
 Each subcommand lives next to the code it drives and is imported only when it is invoked, so
 `disagg render` never pays for kopf or the simulator. A subcommand module exposes
 ``configure(parser: argparse.ArgumentParser) -> None`` which adds its arguments and sets
-``parser.set_defaults(func=...)``; ``func(args) -> int`` is the exit code.
+``parser.set_defaults(func=...)``; ``func(args) -> int`` is the exit code: 0 ok, 1 failure, 2 usage
+(disagg.clicommon, documented in every ``--help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from disagg import __version__
+from disagg.clicommon import EPILOG, EXIT_OK, EXIT_USAGE
 
 
 class Subcommand(NamedTuple):
@@ -40,11 +45,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (package metadata); the source tree's when not installed."""
+    try:
+        return importlib.metadata.version("disagg")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
 def _top_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="disagg",
         description="Prefill/decode disaggregated LLM serving on Kubernetes.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"disagg {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in SUBCOMMANDS.items():
         sub.add_parser(name, help=command.help, add_help=False)
@@ -57,11 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = _top_parser()
         if args_list and args_list[0] in ("-h", "--help"):
             parser.print_help()
-            return 0
+            return EXIT_OK
+        if args_list and args_list[0] == "--version":
+            print(f"disagg {version()}")
+            return EXIT_OK
         parser.print_usage(sys.stderr)
         if args_list:
             print(f"disagg: unknown command {args_list[0]!r}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     name, rest = args_list[0], args_list[1:]
     command = SUBCOMMANDS[name]
     try:
@@ -74,14 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" install the {command.extra} extra: pip install 'disagg[{command.extra}]'",
             file=sys.stderr,
         )
-        return 2
-    parser = argparse.ArgumentParser(prog=f"disagg {name}", description=command.help)
+        return EXIT_USAGE
+    parser = argparse.ArgumentParser(
+        prog=f"disagg {name}",
+        description=command.help,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     module.configure(parser)
-    args = parser.parse_args(rest)
+    args = parser.parse_args(rest)  # a usage error exits 2 here
     func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
+    if func is None:  # a command of subcommands given none of them
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     return int(func(args))
 
 

@@ -1,6 +1,8 @@
-"""``disagg crds [--out DIR] [--docs FILE] [--check]``: write what the models generate, or check it.
+"""``disagg crds [--out DIR|-] [--docs FILE] [--check]``: write what the models generate, or check it.
 
 That is the CRDs, and the support-matrix table of docs/deployment.md (from disagg.api.support).
+``--out -`` prints the CRDs to stdout as multi-document YAML (``disagg crds --out - | kubectl apply -f -``)
+and writes nothing, the page included.
 """
 
 from __future__ import annotations
@@ -11,10 +13,16 @@ from pathlib import Path
 
 from disagg.api.crd import rendered_files
 from disagg.api.support import with_support_matrix
+from disagg.clicommon import EXIT_FAILURE, EXIT_OK, is_stdout, usage_error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("crds"), help="directory of the CRD files (crds)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("crds"),
+        help="directory of the CRD files (crds); - prints them to stdout",
+    )
     parser.add_argument(
         "--docs",
         type=Path,
@@ -57,17 +65,31 @@ def write_files(out: Path) -> list[Path]:
     return written
 
 
+def crds_yaml() -> str:
+    """Every CRD the models generate, as one multi-document YAML stream (file order)."""
+    return "".join(
+        ("" if content.startswith("---") else "---\n") + content for content in rendered_files().values()
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     docs: Path = args.docs
+    if is_stdout(docs):
+        usage_error("disagg crds", "--docs -: the page's support matrix is rewritten in place; name the page")
+    if is_stdout(out):
+        if args.check:
+            usage_error("disagg crds", "--check compares files on disk; --out - names none")
+        sys.stdout.write(crds_yaml())
+        return EXIT_OK
     if args.check:
         stale = stale_files(out) + ([docs] if docs_stale(docs) else [])
         for path in stale:
             print(f"stale: {path} (run `disagg crds --out {out} --docs {docs}`)", file=sys.stderr)
-        return 1 if stale else 0
+        return EXIT_FAILURE if stale else EXIT_OK
     for path in write_files(out):
         print(f"wrote {path}")
     if docs_stale(docs):
         docs.write_text(with_support_matrix(docs.read_text()))
         print(f"wrote {docs}")
-    return 0
+    return EXIT_OK

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from disagg.clicommon import EXIT_FAILURE, EXIT_USAGE
 from disagg.cluster.binaries import COMPONENT_OF, BinaryError, ensure_all
 from disagg.cluster.local import ClusterError, LocalCluster, NodePool
 
@@ -59,10 +60,15 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
 def cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
-        info = _cluster(args).up()
+        cluster = _cluster(args)
+    except ValueError as exc:  # --nodes: the command line, not the cluster
+        print(f"disagg cluster up: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        info = cluster.up()
     except (ClusterError, BinaryError, ValueError) as exc:
         print(f"disagg cluster up: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     print(f"control plane ready in {time.monotonic() - started:.1f} s at {info.server}", file=sys.stderr)
     print(f"export KUBECONFIG={info.kubeconfig}")
     return 0

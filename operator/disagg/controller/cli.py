@@ -13,6 +13,7 @@ import random
 
 from pydantic import ValidationError
 
+from disagg.clicommon import usage_error
 from disagg.controller.settings import ControllerSettings
 
 # kopf's peering priorities are integers; "random" picks one so replicas of one operator never tie.
@@ -131,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     try:
         settings = operator_settings(args)
-    except ValidationError as error:
-        raise SystemExit(f"disagg run: {error}") from error
+    except ValidationError as error:  # a flag or a DISAGG_* variable out of range: how it was invoked
+        usage_error("disagg run", " ".join(str(error).split()))
     options = RunOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=bool(args.all_namespaces),

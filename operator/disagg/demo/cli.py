@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from disagg.clicommon import EXIT_OK, refuse_stdout, usage_error
 from disagg.cluster import LocalCluster
 from disagg.cluster.processes import free_ports
 from disagg.demo.harness import ClosedLoop, RunSettings, ensure_namespace, kubectl_get, wait_until
@@ -51,7 +52,8 @@ def _step(console: Console, text: str) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     if not args.speed > 0:
-        raise SystemExit("disagg demo: --speed must be > 0")
+        usage_error("disagg demo", f"--speed must be > 0, got {args.speed}")
+    refuse_stdout("disagg demo", "--report-dir", args.report_dir, "the report is report.html, plots and logs")
     base = DemoSettings()
     settings = replace(
         base,
@@ -110,7 +112,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"TTFT recovered: {outcome.recovered}",
         )
         _step(out, f"report: {paths[0]}")
-        return 0
+        return EXIT_OK
     finally:
         loop.stop()
         if args.keep or already_up:

@@ -20,6 +20,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from disagg.clicommon import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, is_stdout
 from disagg.twin.live.engine import EngineSettings
 from disagg.twin.live.exposition import ENGINE_KINDS
 from disagg.twin.live.latency import LatencyChoice
@@ -88,7 +89,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the proxy's P/D pairing: vLLM's NIXL kv_transfer_params or SGLang's bootstrap room "
         "(default: bootstrap when the prefill pods play SGLang, else nixl)",
     )
-    run.add_argument("--endpoints-file", type=Path, help="keep a JSON map of pods to endpoints here")
+    run.add_argument(
+        "--endpoints-file",
+        type=Path,
+        help="keep a JSON map of pods to endpoints here; - prints it to stdout, one line per change",
+    )
     run.add_argument("--duration", type=float, help="stop after this many wall seconds")
     _load_arguments(run, prefix="load-")
 
@@ -161,7 +166,15 @@ def _endpoints_document(pool: PodPool, proxy_url: str | None) -> dict[str, Any]:
 async def _keep_endpoints_file(path: Path, pool: PodPool, proxy_url: str | None) -> None:
     last = ""
     while True:
-        text = json.dumps(_endpoints_document(pool, proxy_url), indent=2, sort_keys=True)
+        document = _endpoints_document(pool, proxy_url)
+        if is_stdout(path):  # JSON lines: one whole document per change
+            text = json.dumps(document, sort_keys=True)
+            if text != last:
+                print(text, flush=True)
+                last = text
+            await asyncio.sleep(ENDPOINTS_FILE_REFRESH_S)
+            continue
+        text = json.dumps(document, indent=2, sort_keys=True)
         if text != last:
             tmp = path.with_suffix(path.suffix + ".tmp")
             tmp.write_text(text)
@@ -176,7 +189,7 @@ def pool_handshake(pool: PodPool) -> Handshake:
     return "bootstrap" if engines == {"sglang"} else "nixl"
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def serve(args: argparse.Namespace, requests: list[LoadRequest] | None = None) -> int:
     from disagg.twin.live.follower import Overrides, PodFollower
 
     pool = PodPool(_pool_settings(args))
@@ -218,7 +231,6 @@ async def serve(args: argparse.Namespace) -> int:
         )
     if args.duration is not None:
         background.append(loop.create_task(_stop_after(args.duration, stop)))
-    requests = _requests(args, "load_")
     if requests is not None:
         if proxy is None:
             raise ValueError("--load-trace/--load-rate need --proxy-port (load goes through the toy proxy)")
@@ -266,24 +278,36 @@ async def _wait_ready(url: str, timeout_s: float) -> None:
             await asyncio.sleep(READY_POLL_S)
 
 
+def _read_requests(args: argparse.Namespace, prefix: str, prog: str) -> list[LoadRequest] | None:
+    """The load the flags ask for; a trace that cannot be read or holds no request is a failure (exit 1),
+    a bad --rate or count a usage error (exit 2): both exit here, naming the problem."""
+    try:
+        return _requests(args, prefix)
+    except (ValueError, OSError) as err:
+        trace = getattr(args, f"{prefix}trace")
+        print(f"{prog}: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_FAILURE if trace is not None else EXIT_USAGE) from err
+
+
 def serve_command(args: argparse.Namespace) -> int:
+    requests = _read_requests(args, "load_", "disagg twin serve")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        return asyncio.run(serve(args))
-    except ValueError as err:
+        return asyncio.run(serve(args, requests))
+    except ValueError as err:  # the layout or flags the serve command was given
         print(f"disagg twin serve: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 def load_command(args: argparse.Namespace) -> int:
+    requests = _read_requests(args, "", "disagg twin load")
     try:
-        requests = _requests(args, "")
         if requests is None:
             raise ValueError("give --trace or --rate")
         settings = LoadSettings(args.target, args.requests, args.duration, args.time_scale)
     except ValueError as err:
         print(f"disagg twin load: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     report = asyncio.run(run_load(requests, settings))
     print(report.summary())
-    return 0 if report.failed == 0 else 1
+    return EXIT_OK if report.failed == 0 else EXIT_FAILURE
