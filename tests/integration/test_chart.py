@@ -642,7 +642,7 @@ def test_install_then_operator_reconciles_under_the_charts_rbac(
         # library policy: its children appear and the autoscaling loop evaluates the policy, all under RBAC.
         tools.kubectl_run("apply", "-n", served, "-f", str(POLICIES / "chat.yaml"))
         example = yaml.safe_load((REPO / "examples" / "vllm-nixl.yaml").read_text())
-        example["spec"]["autoscaling"]["policyRef"] = {"name": "chat"}
+        assert example["spec"]["autoscaling"]["policyRef"] == {"name": "chat"}  # as shipped
         DisaggregatedDeployment.model_validate(example)
         name = example["metadata"]["name"]
         custom.create_namespaced_custom_object(DD_GROUP, DD_VERSION, served, DD_PLURAL, example)
