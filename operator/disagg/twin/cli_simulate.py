@@ -1,7 +1,10 @@
 """``disagg simulate``: replay a trace through the serving twin and report goodput and latencies.
 
     disagg simulate --trace T --deployment D [--policy P] [--compare colocated] [--out DIR]
+    disagg simulate --traffic poisson|bursty|diurnal|phase-change [--rate R ...] --deployment D ...
 
+T is an Azure LLM inference CSV, a Mooncake JSONL or a BurstGPT CSV (:mod:`disagg.twin.traffic`); instead
+of a trace, ``--traffic`` generates arrivals (:mod:`disagg.twin.traffic_args`).
 D is a DisaggregatedDeployment YAML (model name, TP and replicas are read from it) or a small twin
 deployment YAML (the fields of :class:`disagg.twin.sim.SimDeployment`). P is a RatioPolicy YAML: its SLO
 becomes the goodput target and, unless ``--static``, ``disagg.policy.decide`` runs in the loop every
@@ -28,6 +31,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
+from disagg.twin import traffic_args
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import load_trace, scale_rate, truncate
@@ -64,7 +68,9 @@ def _non_negative(value: str) -> float:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, type=Path, help="Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    source.add_argument("--traffic", choices=traffic_args.KINDS, help="synthetic arrivals instead of a trace")
     parser.add_argument("--deployment", required=True, type=Path, help="DisaggregatedDeployment or twin YAML")
     parser.add_argument("--policy", type=Path, help="RatioPolicy YAML (SLO and, unless --static, scaling)")
     parser.add_argument("--static", action="store_true", help="report against the policy's SLO, no scaling")
@@ -75,15 +81,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo", type=_positive, help="TTFT target in seconds (default: policy or 1.0)")
     parser.add_argument("--itl-slo", type=_positive, help="ITL (mean per request) target in s (default 0.05)")
     parser.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply the trace's request rate")
-    parser.add_argument("--duration", type=_positive, help="only the first DURATION seconds of the trace")
+    parser.add_argument(
+        "--duration",
+        type=_positive,
+        help="only the first DURATION seconds of the trace; with --traffic, its length (default 600)",
+    )
     parser.add_argument(
         "--startup-delay", type=_non_negative, help="seconds a new replica takes to become ready"
     )
     parser.add_argument("--routing", choices=["least_outstanding", "round_robin", "random"])
     parser.add_argument("--link", choices=["nic", "nvlink"], help="KV transfer path between pools")
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="routing ties and --traffic's draws")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    traffic_args.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -170,12 +181,20 @@ def run(args: argparse.Namespace) -> int:
             dep = replace(dep, link=args.link)
         if args.no_prefix_caching:
             dep = replace(dep, prefix_caching=False)
-        reqs = load_trace(args.trace)
-        if args.duration is not None:
-            reqs = truncate(reqs, args.duration)
+        if args.trace is not None:
+            traffic_args.check(args)
+            reqs = load_trace(args.trace)
+            if args.duration is not None:
+                reqs = truncate(reqs, args.duration)
+            source = f"trace {args.trace.name}"
+        else:
+            reqs, source = traffic_args.generate(args)
         if args.rate_scale != 1.0:
             reqs = scale_rate(reqs, args.rate_scale)
+            source += f", rate x{args.rate_scale:g}"
         if not reqs:
+            if args.trace is None:
+                raise ValueError(f"traffic: {source}: no request arrived; raise --rate or --duration")
             window = f" in its first {args.duration:g} s" if args.duration is not None else ""
             raise ValueError(f"trace: {args.trace} has no request{window}: nothing to simulate")
         policy = load_policy(args.policy) if args.policy else None
@@ -219,15 +238,14 @@ def run(args: argparse.Namespace) -> int:
                 progress.console.print(f"{label}: done in {time.monotonic() - t0:.1f}s wall")
             results.append((label, res))
             reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
-    print(
-        f"trace {args.trace.name}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s"
-    )
+    print(f"{source}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s")
     print(format_table(reports))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {args.trace.name}")
+        write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {source}")
         summary = {
-            "trace": str(args.trace),
+            "trace": str(args.trace) if args.trace is not None else None,
+            "traffic": source if args.trace is None else None,
             "slo": slo.__dict__,
             "runs": [r.as_dict() for r in reports],
             "replicas": {label: [[t, d] for t, d in res.replicas] for label, res in results},
