@@ -65,7 +65,7 @@ from disagg.policy.baselines import (
     dynamo_sla_load_step,
     dynamo_throughput_step,
 )
-from disagg.policy.model_based import load_models
+from disagg.policy.capacity import load_models
 from disagg.policy.types import Observation
 from disagg.twin import families
 from disagg.twin.sim import PoolSpec, SimDeployment, SimResult, simulate

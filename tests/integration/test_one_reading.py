@@ -18,7 +18,7 @@ from disagg.controller import autoscaler
 from disagg.controller.metrics import AutoscalingMetrics
 from disagg.controller.settings import AutoscalingSettings
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, RATIO_POLICY, KubeApi
-from disagg.policy.model_based import resolve_profile
+from disagg.policy.capacity import resolve_profile
 from disagg.policy.types import Bounds, Decision, Observation, PolicyState
 from disagg.twin.cli_simulate import load_policy, policy_controller
 from disagg.twin.sim import SimDeployment

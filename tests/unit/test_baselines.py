@@ -19,7 +19,7 @@ from disagg.policy.baselines import (
     dynamo_sla_load_step,
     estimate_next_ttft,
 )
-from disagg.policy.model_based import load_models
+from disagg.policy.capacity import load_models
 from disagg.policy.types import Measured, Observation, RoleObservation, ServingProfile
 
 MODELS = load_models(ServingProfile("llama-3.1-8b", "h100"))

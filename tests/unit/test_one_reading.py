@@ -19,7 +19,7 @@ from disagg.controller.metrics import AutoscalingMetrics
 from disagg.controller.settings import AutoscalingSettings
 from disagg.k8s.client import Kind, KubeApi
 from disagg.policy import decide
-from disagg.policy.model_based import load_models, resolve_profile
+from disagg.policy.capacity import load_models, resolve_profile
 from disagg.policy.types import Bounds, Decision, Observation, PolicyState
 from disagg.twin.cli_simulate import load_policy, policy_controller
 from disagg.twin.sim import SimDeployment

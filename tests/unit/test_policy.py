@@ -22,17 +22,17 @@ from disagg.policy import (
     ServingProfile,
     decide,
 )
-from disagg.policy.engine import PENDING_GRACE_S
-from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, itl_growth, shrink_ceiling
-from disagg.policy.model_based import (
+from disagg.policy.capacity import (
     PrefillService,
     erlang_c,
     load_models,
     pool_prefill_ttft_share,
     prefill_replicas_needed,
     prefill_ttft_share,
-    update_corrections,
 )
+from disagg.policy.engine import PENDING_GRACE_S
+from disagg.policy.feedback import BURSTY_SHRINK_HEADROOM, Band, itl_growth, shrink_ceiling
+from disagg.policy.model_based import update_corrections
 from disagg.policy.types import MISSING, Recommendation
 
 
@@ -706,10 +706,8 @@ def test_prefix_cache_hits_cut_the_modelled_prefill_work() -> None:
 
 
 def test_a_saturated_prefill_pool_teaches_the_model_its_real_capacity() -> None:
-    from disagg.policy.model_based import (
-        PrefillService,
-        saturated_prefill_correction,
-    )
+    from disagg.policy.capacity import PrefillService
+    from disagg.policy.model_based import saturated_prefill_correction
 
     service = PrefillService(mean_s=0.1, second_moment=0.01, latency_tail_s=0.5, mean_latency_s=0.3)
     # the model: 2000 tokens per 0.1 s = 20k tokens/s per replica; 40k tokens/s arrive, 20k are computed

@@ -13,7 +13,7 @@ from disagg.policy.baselines import (
     apa_step,
     dynamo_throughput_step,
 )
-from disagg.policy.model_based import load_models
+from disagg.policy.capacity import load_models
 from disagg.policy.types import Measured, Observation, RoleObservation, ServingProfile
 
 MODELS = load_models(ServingProfile("llama-3.1-8b", "h100"))

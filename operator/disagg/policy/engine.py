@@ -24,6 +24,15 @@ import math
 from dataclasses import dataclass, replace
 
 from disagg.api.ratiopolicy import Algorithm, Mode, RatioPolicySpec
+from disagg.policy.capacity import (
+    LatencyModelLike,
+    decode_batch_at_slo,
+    load_models,
+    prefill_service,
+    prompt_quantiles,
+    resolve_profile,
+    step_shape,
+)
 from disagg.policy.feedback import (
     StepTime,
     decode_proposal,
@@ -34,16 +43,9 @@ from disagg.policy.feedback import (
 from disagg.policy.model_based import (
     QUEUE_MEMORY_S,
     RECURRENCE_S,
-    LatencyModelLike,
     computed_prompts,
-    decode_batch_at_slo,
     forecast_window_s,
-    load_models,
     model_based_proposal,
-    prefill_service,
-    prompt_quantiles,
-    resolve_profile,
-    step_shape,
     update_corrections,
     work_sample,
 )
@@ -202,7 +204,7 @@ def decode_step_shape(obs: Observation, policy: RatioPolicySpec, bounds: Bounds)
 
 def decode_kv_batch(obs: Observation, policy: RatioPolicySpec, bounds: Bounds) -> int | None:
     """The most sequences one decode replica's KV cache holds at the observed context lengths (their
-    90th percentile; :func:`disagg.policy.model_based.decode_batch_at_slo` with no ITL limit); None when
+    90th percentile; :func:`disagg.policy.capacity.decode_batch_at_slo` with no ITL limit); None when
     the profile or the lengths are unknown."""
     known = _decode_model(obs, policy, bounds)
     if known is None:

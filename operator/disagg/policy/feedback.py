@@ -132,7 +132,7 @@ def request_work(obs: Observation, modelled_s: float | None = None) -> float | N
 
     ``modelled_s``: the latency model's share of a batched step for the observed prompt lengths,
     corrected online (what a request costs when batched with others; see
-    :func:`disagg.policy.model_based.prefill_service`). Without a model: the measured prefill time of a
+    :func:`disagg.policy.capacity.prefill_service`). Without a model: the measured prefill time of a
     request, unshared. That is an upper bound: prefill is compute-bound, so batching saves little (on
     the twin's Llama-70B profile one 920-token prompt takes 0.076 s, nine take 0.552 s: 0.061 s each),
     far less than the token budget / prompt length that a batch holds (9x here). Dividing by that

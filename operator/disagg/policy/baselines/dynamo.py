@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from disagg.policy.baselines.common import Targets
-from disagg.policy.model_based import LatencyModelLike, RoleModels, decode_batch_at_slo
+from disagg.policy.capacity import LatencyModelLike, RoleModels, decode_batch_at_slo
 from disagg.policy.types import Observation, RoleObservation
 
 
