@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 DISAGG    := $(BIN)/disagg
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit lint crds golden demo cluster-build cluster-up cluster-down bench bench-twin policy-table clean
+.PHONY: venv test unit lint crds chart-docs golden demo cluster-build cluster-up cluster-down bench bench-twin policy-table clean
 
 $(BIN)/disagg: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,12 @@ crds: venv
 	sh charts/sync-crds.sh
 
 ## make golden: regenerate the golden manifests of every example (review the diff!)
+## make chart-docs: the chart's policy library copy and its README (helm-docs, from values.yaml's comments)
+chart-docs: venv
+	sh charts/sync-policies.sh
+	helm_docs=$$($(BIN)/python -c 'from disagg.cluster.binaries import ensure_binary; print(ensure_binary("helm-docs"))') \
+	  && cd charts && $$helm_docs --chart-search-root . --template-files README.md.gotmpl
+
 golden: crds
 	for f in examples/*.yaml; do $(DISAGG) render -f $$f > tests/golden/$$(basename $$f) || exit 1; done
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -298,6 +300,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "bring-your-own-rbac": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
     "prometheus-operator": {"monitoring": {"serviceMonitor": {"labels": {"release": "kube-prometheus"}}}},
+    "policy-library": {"policies": {"enabled": True}},  # namespaces filled in by the test
 }
 
 
@@ -313,6 +316,8 @@ def test_template_is_accepted_by_the_api_server(
     values = json.loads(json.dumps(COMBINATIONS[combination]))
     if combination == "namespaced-scope":
         values["watch"]["namespaces"] = [namespace, extra_namespace]
+    if combination == "policy-library":
+        values["policies"]["namespaces"] = [namespace, extra_namespace]
     api_versions = (
         ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor")
         if combination == "prometheus-operator"
@@ -350,11 +355,86 @@ def test_template_is_accepted_by_the_api_server(
             "app.kubernetes.io/managed-by": "disagg-operator"
         }
 
+    if combination == "policy-library":
+        library = {
+            doc["metadata"]["name"]: doc["spec"]
+            for path in sorted(POLICIES.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text())
+            if doc
+        }
+        policies = kinds["RatioPolicy"]
+        assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in policies) == sorted(
+            (ns, name) for ns in (namespace, extra_namespace) for name in library
+        )
+        assert all(p["spec"] == library[p["metadata"]["name"]] for p in policies)  # the library, unchanged
+
     # The Prometheus Operator's CRDs are not installed here: dry-run everything else.
     accepted = _dry_run(tools, [d for d in docs if d["kind"] not in MONITORING_KINDS])
     for doc in docs:
         if doc["kind"] not in MONITORING_KINDS:
             assert f"{doc['metadata']['name']} created (server dry run)" in accepted, accepted
+
+
+def test_policy_library_subset_and_default_namespaces(helm_only: Tools, tmp_path: Path) -> None:
+    values = {"policies": {"enabled": True, "names": ["chat"]}}
+    docs = _render(helm_only, tmp_path, "rel", "ops", values)
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in _kinds(docs)["RatioPolicy"]] == [
+        ("ops", "chat")
+    ]
+    values["watch"] = {"scope": "namespaces", "namespaces": ["a", "b"]}
+    docs = _render(helm_only, tmp_path, "rel", "ops", values)
+    assert sorted(p["metadata"]["namespace"] for p in _kinds(docs)["RatioPolicy"]) == ["a", "b"]
+    assert "RatioPolicy" not in _kinds(_render(helm_only, tmp_path, "rel", "ops", {}))  # opt-in
+
+
+def _notes(tools: Tools, tmp_path: Path, values: dict[str, Any]) -> str:
+    """NOTES.txt as `helm install` prints it: rendered as a template of a copy of the chart (helm
+    template leaves NOTES.txt out, and helm install --dry-run needs a cluster)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = chart / "templates" / "NOTES.txt"
+    (chart / "templates" / "_notes.tpl").write_text(
+        '{{- define "notes" }}' + notes.read_text() + "{{- end }}"
+    )
+    notes.unlink()
+    (chart / "templates" / "notes.yaml").write_text('notes: |\n{{ include "notes" . | indent 2 }}\n')
+    args = ["template", "rel", str(chart), "-n", "ops", "--show-only", "templates/notes.yaml"]
+    out = tools.helm_run(*args, "-f", str(_values_file(tmp_path, values))).stdout
+    return str(yaml.safe_load(out)["notes"])
+
+
+@pytest.mark.parametrize("policies", [False, True])
+def test_notes_need_no_repository_and_their_deployment_is_valid(
+    helm_only: Tools, tmp_path: Path, policies: bool
+) -> None:
+    text = _notes(helm_only, tmp_path, {"policies": {"enabled": policies}})
+    assert "policies/" not in text and "examples/" not in text and "-f crds/" not in text
+    assert ("--set policies.enabled=true" in text) is not policies
+    assert ("kubectl get ratiopolicies -n ops" in text) is policies
+    heredoc = text.split("<<'EOF'\n", 1)[1].split("\n     EOF", 1)[0]
+    dd = DisaggregatedDeployment.model_validate(yaml.safe_load(textwrap.dedent(heredoc)))
+    assert dd.spec.autoscaling is not None and dd.spec.autoscaling.policy_ref is not None
+    assert (POLICIES / f"{dd.spec.autoscaling.policy_ref.name}.yaml").is_file()
+
+
+def test_readme_values_table_is_helm_docs_output(helm_only: Tools) -> None:
+    """charts/disagg-operator/README.md is what helm-docs generates from README.md.gotmpl, Chart.yaml and
+    values.yaml's comments (regenerate: make chart-docs)."""
+    helm_docs = ensure_binary("helm-docs")
+    result = _run(
+        [
+            str(helm_docs),
+            "--dry-run",
+            "--chart-search-root",
+            str(CHART.parent),
+            "--template-files",
+            "README.md.gotmpl",
+        ],
+        helm_only.env,
+        True,
+    )
+    assert result.stdout.strip() == (CHART / "README.md").read_text().strip(), "stale README: make chart-docs"
+    assert "| policies.enabled | bool | `false` |" in result.stdout
 
 
 def test_library_policies_are_accepted_by_the_api_server(

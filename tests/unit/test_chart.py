@@ -167,3 +167,29 @@ def test_dashboard_engine_metrics_are_the_ones_the_engines_export() -> None:
     for name in names:
         base = name.removesuffix("_bucket")
         assert f'"{base}"' in exposition, f"{base} is not exported by the engines"
+
+
+def test_chart_policies_are_identical_to_the_library() -> None:
+    library = {p.name: p.read_bytes() for p in sorted((REPO / "policies").glob("*.yaml"))}
+    in_chart = {p.name: p.read_bytes() for p in sorted((CHART / "policies").glob("*.yaml"))}
+    assert library and in_chart == library, (
+        "chart policies/ differs from policies/: run `sh charts/sync-policies.sh`"
+    )
+
+
+def test_policy_names_in_the_schema_are_the_librarys() -> None:
+    names = _schema()["properties"]["policies"]["properties"]["names"]["items"]["enum"]
+    library = sorted(
+        yaml.safe_load(p.read_text())["metadata"]["name"] for p in (CHART / "policies").glob("*.yaml")
+    )
+    assert names == library
+    assert _values()["policies"] == {"enabled": False, "names": [], "namespaces": []}  # opt-in
+
+
+def test_notes_and_readme_point_at_nothing_a_chart_user_lacks() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    readme = (CHART / "README.md").read_text()
+    for text in (notes, readme):
+        assert not re.search(r"(?<![\w-])(policies|examples)/[\w.-]*\.yaml", text), "a repository path"
+        assert "-f crds/" not in text
+    assert "README.md.gotmpl" in (CHART / ".helmignore").read_text().split()

@@ -43,6 +43,9 @@ class Versions:
     # Go module version v0.3XX.Y is Prometheus 3.XX.Y. Built from source because Debian's package leaves
     # out kubernetes_sd_configs, which the e2e uses to discover engine pods.
     prometheus: str = "v0.316.0"
+    # helm-docs (github.com/norwoodj/helm-docs): the chart README's values table from values.yaml's
+    # `# --` comments (tests/integration/test_chart.py checks the README is its output).
+    helmdocs: str = "v1.14.2"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ COMPONENT_OF: Mapping[str, str] = {
     "helm": "helm",
     "prometheus": "prometheus",
     "promtool": "prometheus",
+    "helm-docs": "helmdocs",
 }
 
 PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
@@ -82,6 +86,7 @@ PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
     "kwok": ("kwok",),
     "helm": ("helm",),
     "prometheus": ("prometheus", "promtool"),
+    "helmdocs": ("helm-docs",),
 }
 
 
@@ -310,6 +315,13 @@ def _plan(settings: BuildSettings, component: str, go: str, workdir: Path, env: 
             # built-in static/file ones) to keep the build short.
             tags=("remove_all_sd", "enable_kubernetes_sd"),
             ldflags=prometheus_version_ldflags(version, _origin_hash(info), _build_date(info)),
+        )
+    if component == "helmdocs":
+        return GoBuild(
+            module="github.com/norwoodj/helm-docs",
+            version=version,
+            packages=("github.com/norwoodj/helm-docs/cmd/helm-docs",),
+            ldflags=(f"-X main.version={version.removeprefix('v')}",),
         )
     raise BinaryError(f"{component}: no Go build known")
 
