@@ -582,3 +582,37 @@ def test_the_deployment_is_read_once_per_spec_generation() -> None:
     assert cached_reading(memo, garbage) is first  # same generation: not read again
     changed = cached_reading(memo, {**garbage, "metadata": {"name": "chat", "generation": 4}})
     assert not isinstance(changed, DeploymentReading) and memo["deployment_reading"][0] == 4
+
+
+@pytest.mark.parametrize(
+    ("policy_mode", "dd_mode", "advisory"),
+    [
+        ("active", None, False),  # default: the policy's mode
+        ("advisory", None, True),
+        ("active", "advisory", True),  # trialled on this deployment only
+        ("advisory", "active", False),
+    ],
+)
+def test_the_deployment_mode_overrides_the_policy_for_this_deployment_only(
+    policy_mode: str, dd_mode: str | None, advisory: bool
+) -> None:
+    autoscaling: dict[str, Any] = {"enabled": True, "policyRef": {"name": "chat"}}
+    if dd_mode is not None:
+        autoscaling["mode"] = dd_mode
+    body: dict[str, Any] = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": "chat", "namespace": "default", "uid": "u1", "generation": 1},
+        "spec": {**_spec(), "autoscaling": autoscaling},
+    }
+    kube = _FakeKube(copy.deepcopy(body))
+    kube.policy["spec"]["mode"] = policy_mode
+    decision = evaluate(_autoscaler(kube), body, {}, T0)
+    assert decision is not None and decision.advisory is advisory
+    status = kube.deployment["status"]["autoscaling"]
+    assert status["mode"] == ("advisory" if advisory else "active")
+    if advisory:
+        assert status.get("desiredReplicas") is None  # the reconciler keeps the spec's replicas
+    else:
+        assert status["desiredReplicas"] == {"prefill": decision.prefill, "decode": decision.decode}
+    assert kube.policy["spec"]["mode"] == policy_mode  # the shared policy is left as it is

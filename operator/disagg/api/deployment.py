@@ -42,6 +42,7 @@ from disagg.api.common import (
     StringMap,
 )
 from disagg.api.owned import EngineArgList, EngineEnvList, PodTemplateOverride
+from disagg.api.ratiopolicy import Mode
 from disagg.api.status import (
     MAX_DECISION_MESSAGE,
     MAX_STATUS_DECISIONS,
@@ -613,6 +614,12 @@ class AutoscalingSpec(ApiModel):
     enabled: bool = Field(default=False, description="Whether the ratio autoscaler manages replicas.")
     policy_ref: LocalObjectReference | None = Field(
         default=None, description="The RatioPolicy (same namespace) that decides."
+    )
+    mode: Mode | None = Field(
+        default=None,
+        description="active: this deployment's decisions are applied; advisory: decided and reported, never "
+        "applied. Overrides the RatioPolicy's spec.mode for this deployment only (trial a shared policy on "
+        "one deployment); default: the policy's.",
     )
     prefill: ReplicaBounds | None = Field(default=None, description="Prefill replica bounds.")
     decode: ReplicaBounds | None = Field(default=None, description="Decode replica bounds.")

@@ -34,7 +34,8 @@ import kopf
 from pydantic import ValidationError
 
 from disagg.api.common import parse_rfc3339
-from disagg.api.ratiopolicy import RatioPolicy
+from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.ratiopolicy import RatioPolicy, RatioPolicySpec
 from disagg.controller.metrics import AutoscalingMetrics
 from disagg.controller.observe import (
     DeploymentReading,
@@ -102,6 +103,14 @@ def policy_state(memo: Mapping[str, Any], status: Mapping[str, Any], now: float)
     return from_memory((status.get("autoscaling") or {}).get("policyMemory"), now)
 
 
+def with_deployment_mode(policy: RatioPolicySpec, dd: DisaggregatedDeployment) -> RatioPolicySpec:
+    """The policy as this deployment runs it: spec.autoscaling.mode, when set, overrides the policy's mode
+    for this deployment only (the decision's ``advisory`` flag, status, Events and whether replicas move
+    all follow it)."""
+    mode = dd.spec.autoscaling.mode if dd.spec.autoscaling is not None else None
+    return policy if mode is None or mode == policy.mode else policy.model_copy(update={"mode": mode})
+
+
 def evaluate(
     auto: Autoscaler, body: Mapping[str, Any], memo: MutableMapping[str, Any], now: float
 ) -> Decision | None:
@@ -124,6 +133,7 @@ def evaluate(
     if not isinstance(reading, DeploymentReading):
         report_inactive(auto.kube, body, "InvalidSpec", format_validation_error(reading), now)
         return None
+    policy = with_deployment_mode(policy, reading.dd)
     last = memo.get("last_evaluation")
     if last is None:
         last = parse_rfc3339((status.get("autoscaling") or {}).get("lastEvaluationTime"))
