@@ -136,7 +136,10 @@ def test_simulate_progress_off_a_terminal_is_one_line_per_run(
 ) -> None:
     trace = write_tiny_azure(tmp_path)
     dep = tmp_path / "dep.yaml"
-    dep.write_text("model: llama-3.1-8b\nprefill: {replicas: 1, tp: 1}\ndecode: {replicas: 1, tp: 1}\n")
+    # gpu named: a defaulted GPU would add a note line (tests/unit/test_twin_simulate_cli.py)
+    dep.write_text(
+        "model: llama-3.1-8b\ngpu: h100\nprefill: {replicas: 1, tp: 1}\ndecode: {replicas: 1, tp: 1}\n"
+    )
     assert main(["simulate", "--trace", str(trace), "--deployment", str(dep), "--compare", "colocated"]) == 0
     err = capsys.readouterr().err
     assert "\r" not in err and "\x1b" not in err  # captured stderr is no terminal: nothing redrawn

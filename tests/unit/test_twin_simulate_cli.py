@@ -202,3 +202,95 @@ def test_traffic_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main(["simulate", "--deployment", str(dep), "--quiet", *flags])
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+# --- profiles: an unknown model or GPU is one line, a defaulted GPU is said ------------------------------
+DD = ROOT / "examples" / "vllm-nixl.yaml"
+H100_SELECTOR = "nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}"
+
+
+def simulate_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> tuple[int, str, dict[str, object]]:
+    dep = tmp_path / "dep.yaml"
+    dep.write_text(text)
+    out = tmp_path / "out"
+    trace = str(SAMPLES / "azure-conv-sample.csv")
+    rc = main(["simulate", "--trace", trace, "--duration", "30", "--deployment", str(dep), "--out", str(out)])
+    err = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text()) if rc == 0 else {}
+    return rc, err, summary
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("model: mistral-7b\nprefill: {replicas: 1}\ndecode: {replicas: 1}\n", "model 'mistral-7b'"),
+        (DD.read_text().replace("NVIDIA-H100-80GB-HBM3", "NVIDIA-B200"), "GPU 'NVIDIA-B200'"),
+        (
+            "model: llama-3.1-70b\ngpu: h200\nprefill: {replicas: 1, tp: 2}\ndecode: {replicas: 1, tp: 8}\n",
+            "llama-3.1-70b on h200 at TP2 bf16 (prefill pool)",
+        ),
+    ],
+    ids=["model", "gpu", "tp"],
+)
+def test_a_missing_profile_is_one_line_listing_the_profiles_and_how_to_add_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str
+) -> None:
+    rc, err, _ = simulate_deployment(tmp_path, capsys, text)
+    assert rc == 2
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith("disagg simulate: no twin profile for ") and named in line
+    for exists in ("llama-3.1-70b on a100 TP4/8 bf16", "h100 TP4/8 bf16+fp8", "llama-3.1-8b on"):
+        assert exists in line
+    assert "models.yaml" in line and "gpus.yaml" in line and "python -m disagg.twin.calibrate" in line
+
+
+def test_a_deployment_without_a_gpu_selector_says_which_gpu_it_simulates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = DD.read_text()
+    assert text.count(H100_SELECTOR) == 2
+    rc, err, summary = simulate_deployment(tmp_path, capsys, text.replace(H100_SELECTOR, ""))
+    assert rc == 0
+    notes = [line for line in err.splitlines() if "note:" in line]
+    assert len(notes) == 1
+    assert "no pool's nodeSelector names a GPU type" in notes[0] and "default h100" in notes[0]
+    assert summary["notes"] == [notes[0].split("note: ", 1)[1]]
+
+
+def test_a_deployment_with_a_gpu_selector_has_no_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, err, summary = simulate_deployment(tmp_path, capsys, DD.read_text())
+    assert rc == 0 and "note:" not in err and summary["notes"] == []
+    # one GPU named two ways (the product label and the twin's name) is one GPU
+    text = DD.read_text().replace(H100_SELECTOR, "nodeSelector: {disagg.dev/gpu-type: h100}", 1)
+    rc, err, _ = simulate_deployment(tmp_path, capsys, text)
+    assert rc == 0 and "note:" not in err
+
+
+def test_pools_on_different_gpus_say_which_one_is_simulated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = DD.read_text().replace(H100_SELECTOR, "nodeSelector: {disagg.dev/gpu-type: a100}", 1)
+    rc, err, _ = simulate_deployment(tmp_path, capsys, text)
+    assert rc == 0
+    assert "prefill a100, decode NVIDIA-H100-80GB-HBM3" in err and "simulates both pools on" in err
+
+
+def test_a_twin_document_without_gpu_says_it_uses_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, err, summary = simulate_deployment(tmp_path, capsys, TWIN_DEPLOYMENT)
+    assert rc == 0 and "no gpu field; simulating the default h100" in err
+    assert summary["notes"] == [
+        "twin: no gpu field; simulating the default h100 (set gpu: to simulate another)"
+    ]
+    rc, err, _ = simulate_deployment(tmp_path, capsys, TWIN_DEPLOYMENT + "gpu: h100\n")
+    assert rc == 0 and "note:" not in err
+
+
+def test_gpu_note_is_not_a_field_a_document_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err, _ = simulate_deployment(tmp_path, capsys, TWIN_DEPLOYMENT + "gpu_note: hello\n")
+    assert rc == 2 and "unknown field(s) gpu_note" in err

@@ -31,7 +31,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
-from disagg.twin import traffic_args
+from disagg.twin import profiles, traffic_args
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import load_trace, scale_rate, truncate
@@ -181,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             dep = replace(dep, link=args.link)
         if args.no_prefix_caching:
             dep = replace(dep, prefix_caching=False)
+        profiles.check(dep)
         if args.trace is not None:
             traffic_args.check(args)
             reqs = load_trace(args.trace)
@@ -201,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:  # TextFileError and pydantic's ValidationError are ValueErrors
         print(f"disagg simulate: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    notes = [dep.gpu_note] if dep.gpu_note else []
+    for note in notes:
+        print(f"disagg simulate: note: {note}", file=sys.stderr)
     slo = slo_settings(args, policy)
     runs: list[tuple[str, SimDeployment, Controller | None]] = []
     ctl = None
@@ -247,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             "trace": str(args.trace) if args.trace is not None else None,
             "traffic": source if args.trace is None else None,
             "slo": slo.__dict__,
+            "notes": notes,
             "runs": [r.as_dict() for r in reports],
             "replicas": {label: [[t, d] for t, d in res.replicas] for label, res in results},
             "decisions": {label: [[t, d] for t, d in res.decisions] for label, res in results},

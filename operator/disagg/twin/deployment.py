@@ -6,7 +6,7 @@ reading as the operator's: :func:`disagg.policy.bounds.bounds_for`). :mod:`disag
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,8 +14,9 @@ import yaml
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
+from disagg.perf.latency import resolve_gpu_name
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
-from disagg.policy.bounds import bounds_for
+from disagg.policy.bounds import DEFAULT_GPU, GPU_LABELS, bounds_for
 from disagg.policy.types import Bounds, Role, RoleBounds, ServingProfile
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
@@ -60,6 +61,9 @@ class SimDeployment:
     # the replica start-up the policy plans with: a DisaggregatedDeployment's estimate from its spec, as
     # the operator's before any pod is Ready; None (a twin document): the policy plans over its lookahead
     planned_startup_s: float | None = None
+    # what the twin assumed about the GPU, for the user (e.g. no nodeSelector names one: the default);
+    # set by from_model/from_dict, never read from a document
+    gpu_note: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode == "pd" and (self.prefill is None or self.decode is None):
@@ -132,6 +136,7 @@ class SimDeployment:
         # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
         kv = _engine_flag([*spec.engine.args, *spec.prefill.args, *spec.decode.args], "--kv-cache-dtype")
         planned = bounds.prefill.startup_seconds
+        name = dd.name or "twin"
         return SimDeployment(
             model=profile.model,
             gpu=profile.gpu,
@@ -140,9 +145,10 @@ class SimDeployment:
             prefill=pool("prefill"),
             decode=pool("decode"),
             startup_delay_s=planned if planned is not None else SimDeployment.startup_delay_s,
-            name=dd.name or "twin",
+            name=name,
             max_gpus=bounds.max_gpus,
             planned_startup_s=planned,
+            gpu_note=_selector_gpu_note(name, profile.gpu, _selected_gpus(dd)),
         )
 
     @staticmethod
@@ -171,9 +177,15 @@ class SimDeployment:
         rest = {
             k: v for k, v in obj.items() if k not in ("prefill", "decode", "colocated", "kind", "apiVersion")
         }
-        _known_fields("", rest, SimDeployment)
+        _known_fields("", rest, SimDeployment, internal={"gpu_note"})
+        note = None
+        if "gpu" not in rest:
+            note = (
+                f"{rest.get('name', 'twin')}: no gpu field; simulating the default {SimDeployment.gpu} "
+                "(set gpu: to simulate another)"
+            )
         try:
-            return SimDeployment(**rest, **pools)
+            return SimDeployment(**rest, **pools, gpu_note=note)
         except TypeError as e:
             raise ValueError(f"deployment: {e}") from e
 
@@ -192,9 +204,51 @@ class SimDeployment:
         return SimDeployment.from_dict(docs[0])
 
 
-def _known_fields(prefix: str, given: Mapping[str, Any], cls: type) -> None:
-    """ValueError naming the keys of ``given`` that ``cls`` (a dataclass) has no field for."""
-    known = {f.name for f in fields(cls)}
+def _selected_gpus(dd: DisaggregatedDeployment) -> dict[Role, str | None]:
+    """The GPU type each pool's nodeSelector names (the labels :func:`disagg.policy.bounds.gpu_of` reads)."""
+    out: dict[Role, str | None] = {}
+    for role in ("prefill", "decode"):
+        selector = dd.spec.role(role).node_selector or {}
+        out[role] = next((selector[label] for label in GPU_LABELS if selector.get(label)), None)
+    return out
+
+
+def _gpu_key(gpu: str) -> str:
+    """The twin's name of a GPU label value (``NVIDIA-H100-80GB-HBM3`` and ``h100`` are one GPU)."""
+    try:
+        return resolve_gpu_name(gpu)
+    except ValueError:
+        return gpu.strip().lower()
+
+
+def _selector_gpu_note(name: str, simulated: str, selected: Mapping[Role, str | None]) -> str | None:
+    """What a user should know about the GPU simulated for a DisaggregatedDeployment, or None."""
+    labels = " or ".join(GPU_LABELS)
+    if not any(selected.values()):
+        return (
+            f"{name}: no pool's nodeSelector names a GPU type ({labels}); simulating the default "
+            f"{DEFAULT_GPU}, as the operator's model-based policy assumes; set one to simulate another GPU"
+        )
+    named = {role: gpu for role, gpu in selected.items() if gpu}
+    if len(named) == 2 and len({_gpu_key(gpu) for gpu in named.values()}) == 2:
+        return (
+            f"{name}: the pools' nodeSelectors name different GPUs (prefill {named['prefill']}, decode "
+            f"{named['decode']}); the twin simulates both pools on {simulated}, the decode pool's"
+        )
+    if len(named) == 1:
+        (role, gpu), other = next(iter(named.items())), "decode" if "prefill" in named else "prefill"
+        return (
+            f"{name}: only the {role} pool's nodeSelector names a GPU ({gpu}); simulating {other} on it too"
+        )
+    return None
+
+
+def _known_fields(
+    prefix: str, given: Mapping[str, Any], cls: type, internal: frozenset[str] | set[str] = frozenset()
+) -> None:
+    """ValueError naming the keys of ``given`` that ``cls`` (a dataclass) has no field for (or only an
+    ``internal`` one, which a document may not set)."""
+    known = {f.name for f in fields(cls)} - set(internal)
     unknown = sorted(str(k) for k in given if k not in known)
     if unknown:
         raise ValueError(

@@ -1,0 +1,87 @@
+"""Which latency profiles the twin has, and one line saying so when a deployment asks for one it lacks.
+
+A profile is a model (``disagg/perf/profiles/models.yaml``), a GPU (``gpus.yaml``) and calibrated
+coefficients for a tensor-parallel size and weight dtype (``coefficients.yaml``, keys
+``model/gpu/tpN/dtype``). :func:`check` loads every profile a :class:`SimDeployment` needs before the
+simulation starts, so that a missing one is a :class:`ProfileError` (a ValueError) naming what exists and
+how to add one, not a traceback from the middle of the simulator.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+
+import yaml
+
+from disagg.perf.latency import PROFILES_DIR, load_latency_model, resolve_gpu_name, resolve_model_name
+from disagg.twin.deployment import PoolSpec, SimDeployment
+
+HOW_TO_ADD = (
+    "to add one, put the model's architecture (from its config.json) in disagg/perf/profiles/models.yaml "
+    "or the GPU's datasheet figures in gpus.yaml, then derive its coefficients with "
+    "`python -m disagg.twin.calibrate` (docs/simulate.md)"
+)
+
+
+class ProfileError(ValueError):
+    """The twin has no latency profile for what a deployment asks for."""
+
+
+@functools.cache
+def available() -> tuple[tuple[str, str, int, str], ...]:
+    """Every calibrated profile as (model, gpu, tp, dtype), sorted."""
+    coefficients = yaml.safe_load((PROFILES_DIR / "coefficients.yaml").read_text())
+    out = []
+    for key in coefficients.get("profiles", {}):
+        model, gpu, tp, dtype = str(key).split("/")
+        out.append((model, gpu, int(tp.removeprefix("tp")), dtype))
+    return tuple(sorted(out))
+
+
+def describe() -> str:
+    """The profiles, one clause per model, e.g. ``llama-3.1-8b on h100 TP1/2/4/8 bf16+fp8, ...``."""
+    by_model: dict[str, dict[str, dict[str, list[int]]]] = defaultdict(lambda: defaultdict(dict))
+    dtypes: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+    for model, gpu, tp, dtype in available():
+        dtypes[(model, gpu, tp)].append(dtype)
+    for (model, gpu, tp), kinds in sorted(dtypes.items()):
+        by_model[model][gpu].setdefault("+".join(sorted(kinds)), []).append(tp)
+    clauses = []
+    for model, gpus in sorted(by_model.items()):
+        parts = []
+        for gpu, groups in sorted(gpus.items()):
+            shown = ", ".join(f"TP{'/'.join(map(str, tps))} {kind}" for kind, tps in sorted(groups.items()))
+            parts.append(f"{gpu} {shown}")
+        clauses.append(f"{model} on {'; '.join(parts)}")
+    return " | ".join(clauses)
+
+
+def _pools(dep: SimDeployment) -> list[tuple[str, PoolSpec]]:
+    pools = [("prefill", dep.prefill), ("decode", dep.decode), ("colocated", dep.colocated)]
+    return [(role, pool) for role, pool in pools if pool is not None]
+
+
+def check(dep: SimDeployment) -> None:
+    """Load the latency model of every pool of ``dep``; a ProfileError saying what exists if one is
+    missing."""
+    try:
+        model = resolve_model_name(dep.model)
+    except ValueError:
+        raise _missing(f"no twin profile for model {dep.model!r}") from None
+    try:
+        gpu = resolve_gpu_name(dep.gpu)
+    except ValueError:
+        raise _missing(f"no twin profile for GPU {dep.gpu!r} (model {model})") from None
+    dtype = "fp8" if dep.dtype == "fp8" else "bf16"
+    for role, pool in _pools(dep):
+        if (model, gpu, pool.tp, dtype) not in available():
+            raise _missing(f"no twin profile for {model} on {gpu} at TP{pool.tp} {dtype} ({role} pool)")
+        try:
+            load_latency_model(dep.model, dep.gpu, pool.tp, dep.dtype, dep.kv_dtype)
+        except ValueError as error:  # e.g. the weights do not fit on the pool's GPUs
+            raise ProfileError(f"{role} pool: {' '.join(str(error).split())}") from error
+
+
+def _missing(what: str) -> ProfileError:
+    return ProfileError(f"{what}; profiles: {describe()}; {HOW_TO_ADD}")
