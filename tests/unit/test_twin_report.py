@@ -145,3 +145,26 @@ def test_simulate_progress_off_a_terminal_is_one_line_per_run(
     assert "\r" not in err and "\x1b" not in err  # captured stderr is no terminal: nothing redrawn
     lines = err.splitlines()
     assert len(lines) == 2 and all(": done in " in line and line.endswith("s wall") for line in lines)
+
+
+def test_gpu_column_is_the_peak_allocated_not_the_configured_start() -> None:
+    """2 x TP4 prefill + 1 x TP8 decode start at 16 GPUs; scaled to 4 prefill they use 24 (the issue's
+    '16 shown when 24 were used': the column printed the configured replicas x TP)."""
+    dep = SimDeployment(
+        model="llama-3.1-70b",
+        prefill=PoolSpec(2, 4, max_replicas=4),
+        decode=PoolSpec(1, 8, max_replicas=2),
+        startup_delay_s=10.0,
+    )
+
+    def grow(obs: object) -> dict[str, int]:
+        return {"prefill": 4, "decode": 1}
+
+    res = simulate(dep, poisson(2.0, 120.0, seed=2), controller=grow, interval_s=30.0)
+    rep = res.report(1.0, 0.05)
+    assert (rep.gpus_start, rep.gpus) == (16, 24)
+    table = format_table([rep])
+    assert "GPUs start" in table and "GPUs peak" in table
+    static = simulate(dep, poisson(2.0, 60.0, seed=2), interval_s=30.0).report(1.0, 0.05)
+    assert (static.gpus_start, static.gpus) == (16, 16)
+    assert rep.gpu_hours > static.gpu_hours

@@ -31,7 +31,8 @@ from disagg.twin.sim import SimResult
 class Report:
     label: str
     mode: str
-    gpus: int
+    gpus: int  # the most GPUs allocated at once (starting, ready and draining replicas), not the start
+    gpus_start: int  # the deployment's configured replicas x TP per pool
     requests: int
     finished: int
     rejected: int
@@ -65,6 +66,22 @@ def _pct(a: np.ndarray, q: float) -> float:
     return float(np.quantile(a, q)) if a.size else math.nan
 
 
+def peak_gpus(result: SimResult) -> int:
+    """The most GPUs allocated at once over the run: each pool's allocated replicas (starting, ready,
+    draining) times its TP, summed over the pools at each logged moment."""
+    dep = result.deployment
+    tp = {
+        role: pool.tp
+        for role, pool in (("prefill", dep.prefill), ("decode", dep.decode), ("colocated", dep.colocated))
+        if pool is not None
+    }
+    peak = max(
+        (sum(alloc * tp.get(role, 1) for role, (alloc, _) in pools.items()) for _, pools in result.replicas),
+        default=0,
+    )
+    return peak if result.replicas else dep.gpus
+
+
 def build_report(
     result: SimResult, ttft_slo_s: float, itl_slo_s: float, percentile: float = 0.9, label: str = ""
 ) -> Report:
@@ -80,7 +97,8 @@ def build_report(
     return Report(
         label=label or f"{dep.name} ({dep.mode})",
         mode=dep.mode,
-        gpus=dep.gpus,
+        gpus=peak_gpus(result),
+        gpus_start=dep.gpus,
         requests=n,
         finished=int(finished.sum()),
         rejected=result.rejected,
@@ -109,7 +127,8 @@ def build_report(
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("label", "deployment", "{}"),
-    ("gpus", "GPUs", "{}"),
+    ("gpus_start", "GPUs start", "{}"),
+    ("gpus", "GPUs peak", "{}"),
     ("requests", "reqs", "{}"),
     ("finished", "done", "{}"),
     ("slo_attainment", "SLO ok", "{:.1%}"),
