@@ -294,3 +294,36 @@ def test_a_twin_document_without_gpu_says_it_uses_the_default(
 def test_gpu_note_is_not_a_field_a_document_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, err, _ = simulate_deployment(tmp_path, capsys, TWIN_DEPLOYMENT + "gpu_note: hello\n")
     assert rc == 2 and "unknown field(s) gpu_note" in err
+
+
+# --- decisions and bounds: each cause counted, a pool pinned at its maxReplicas while the SLO is missed ---
+def test_simulate_counts_decision_causes_and_warns_when_a_pool_sits_at_its_max(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Long Mooncake prompts on the 70B example with the chat policy: prefill climbs to its maxReplicas
+    (4) and stays there while almost no request meets the 1 s TTFT target; the summary says so."""
+    out = tmp_path / "out"
+    argv = ["simulate", "--trace", str(SAMPLES / "mooncake-sample.jsonl"), "--deployment", str(DD)]
+    argv += ["--policy", str(ROOT / "policies" / "chat.yaml"), "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    (counts,) = [line for line in stdout.splitlines() if line.startswith("decisions: ")]
+    summary = json.loads((out / "summary.json").read_text())
+    decisions = summary["decisions"]
+    assert counts.startswith(f"decisions: {len(decisions)} evaluations")
+    for cause in {d["cause"] for d in decisions}:
+        n = sum(d["cause"] == cause for d in decisions)
+        assert f"{cause} {n}" in counts
+    assert all(d["reasons"] and d["reasons"][0]["code"] == d["cause"] for d in decisions)
+    warnings = [line for line in stdout.splitlines() if line.startswith("warning: prefill maxReplicas (4)")]
+    assert warnings and "while the SLO was missed" in warnings[0]
+    assert warnings[0] in [f"warning: {f.split('warning: ', 1)[-1]}" for f in summary["findings"]]
+    assert summary["runs"][0]["gpus"] == 24  # 4 x TP4 prefill + 1 x TP8 decode at the peak
+
+
+def test_no_bound_warning_when_the_slo_is_met(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(SAMPLES / "azure-conv-sample.csv"), "--duration", "120"]
+    argv += ["--deployment", str(DD), "--policy", str(ROOT / "policies" / "chat.yaml"), "--quiet"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "decisions: " in stdout and "warning:" not in stdout

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.twin import profiles, traffic_args
+from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import load_trace, scale_rate, truncate
@@ -132,7 +133,7 @@ def load_policy(path: Path) -> Any:
         raise ValueError(f"policy: {path}: " + "; ".join(describe_validation_error(error))) from error
 
 
-def policy_controller(spec: Any, dep: SimDeployment) -> Controller:
+def policy_controller(spec: Any, dep: SimDeployment, log: list[DecisionRecord] | None = None) -> Controller:
     """Run ``disagg.policy.decide`` in the loop, carrying its state; advisory decisions are not applied.
 
     The policy decides within :meth:`SimDeployment.policy_bounds`: for a DisaggregatedDeployment the
@@ -145,11 +146,40 @@ def policy_controller(spec: Any, dep: SimDeployment) -> Controller:
     def control(obs: Any) -> dict[str, int] | None:
         nonlocal state
         decision, state = decide(obs, spec, state, obs.time, bounds)
+        if log is not None:
+            log.append(
+                DecisionRecord(
+                    decision.time,
+                    decision.prefill,
+                    decision.decode,
+                    decision.cause,
+                    tuple((r.code, r.message, r.role) for r in decision.reasons),
+                    decision.changed,
+                    decision.advisory,
+                )
+            )
         if decision.advisory:
             return None
         return {"prefill": decision.prefill, "decode": decision.decode}
 
     return control
+
+
+def decision_findings(
+    result: SimResult, log: list[DecisionRecord], dep: SimDeployment, policy: Any, slo: SloSettings
+) -> list[str]:
+    """The policy run's decision causes and a warning per span a bound held while the SLO was missed."""
+    from disagg.policy.engine import effective_budget
+
+    bounds = dep.policy_bounds()
+    counts = ", ".join(f"{cause} {n}" for cause, n in cause_counts(log))
+    changed = sum(r.changed for r in log)
+    lines = [f"decisions: {len(log)} evaluations, {changed} changed replicas; causes: {counts or 'none'}"]
+    spans = bound_spans(
+        result, log, bounds, effective_budget(policy.spec, bounds), slo.ttft_s, slo.itl_s, slo.percentile
+    )
+    lines += [f"warning: {span.describe(slo.percentile)}" for span in spans]
+    return lines
 
 
 def slo_settings(args: argparse.Namespace, policy: Any) -> SloSettings:
@@ -208,9 +238,10 @@ def run(args: argparse.Namespace) -> int:
     slo = slo_settings(args, policy)
     runs: list[tuple[str, SimDeployment, Controller | None]] = []
     ctl = None
+    log: list[DecisionRecord] = []
     if policy is not None and not args.static:
         try:
-            ctl = policy_controller(policy.spec, dep)
+            ctl = policy_controller(policy.spec, dep, log)
         except ImportError as e:  # the policy engine is optional for the twin
             print(f"disagg simulate: no policy engine ({e}); running static", file=sys.stderr)
     runs.append((f"{dep.name} P/D" + (" +policy" if ctl else ""), dep, ctl))
@@ -244,6 +275,9 @@ def run(args: argparse.Namespace) -> int:
             reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
     print(f"{source}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s")
     print(format_table(reports))
+    findings = decision_findings(results[0][1], log, dep, policy, slo) if ctl is not None else []
+    for line in findings:
+        print(line)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {source}")
@@ -254,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
             "notes": notes,
             "runs": [r.as_dict() for r in reports],
             "replicas": {label: [[t, d] for t, d in res.replicas] for label, res in results},
-            "decisions": {label: [[t, d] for t, d in res.decisions] for label, res in results},
+            "decisions": [r.as_dict() for r in log],
+            "findings": findings,
         }
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         print(f"report: {args.out / 'report.html'}")
