@@ -3,6 +3,7 @@ README and docs/simulate.md show (run as written, from the repository root), and
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -319,6 +320,8 @@ def test_simulate_counts_decision_causes_and_warns_when_a_pool_sits_at_its_max(
     assert warnings and "while the SLO was missed" in warnings[0]
     assert warnings[0] in [f"warning: {f.split('warning: ', 1)[-1]}" for f in summary["findings"]]
     assert summary["runs"][0]["gpus"] == 24  # 4 x TP4 prefill + 1 x TP8 decode at the peak
+    page = (out / "report.html").read_text()
+    assert "Notes, decisions and bounds" in page and html.escape(warnings[0]) in page
 
 
 def test_no_bound_warning_when_the_slo_is_met(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

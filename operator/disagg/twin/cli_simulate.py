@@ -280,7 +280,13 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        write_html(args.out / "report.html", results, reports, title=f"disagg simulate: {source}")
+        write_html(
+            args.out / "report.html",
+            results,
+            reports,
+            title=f"disagg simulate: {source}",
+            findings=[*(f"note: {n}" for n in notes), *findings],
+        )
         summary = {
             "trace": str(args.trace) if args.trace is not None else None,
             "traffic": source if args.trace is None else None,

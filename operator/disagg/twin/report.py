@@ -200,8 +200,10 @@ def write_html(
     results: Sequence[tuple[str, SimResult]],
     reports: Sequence[Report],
     title: str = "disagg twin simulation",
+    findings: Sequence[str] = (),
 ) -> Path:
-    """One self-contained HTML file: the table and PNG plots embedded as data URIs."""
+    """One self-contained HTML file: the table, the notes, decision causes and bound warnings
+    (``findings``, as printed) and PNG plots embedded as data URIs."""
     ttft, itl = reports[0].ttft_slo_s, reports[0].itl_slo_s
     return html_report.write_page(
         path,
@@ -212,6 +214,11 @@ def write_html(
                 "Goodput counts requests meeting both."
             ),
             html_report.preformatted(format_table(reports)),
+            *(
+                [html_report.heading("Notes, decisions and bounds"), html_report.bullets(findings)]
+                if findings
+                else []
+            ),
             html_report.heading("Latency percentiles per interval"),
             html_report.embedded_figure(plot_latency(results, ttft, itl), "latency"),
             html_report.heading("Replicas over time"),
