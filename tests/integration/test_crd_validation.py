@@ -67,6 +67,18 @@ def test_example_is_accepted(crds: list[str], k8s_api: Any, namespace: str, exam
     assert created["spec"]["engine"]["type"] == body["spec"]["engine"]["type"]
 
 
+@pytest.mark.parametrize("mode", ["active", "advisory"])
+def test_autoscaling_mode_is_stored_per_deployment(
+    crds: list[str], k8s_api: Any, namespace: str, mode: str
+) -> None:
+    body = merge_patch(
+        TABLE["base"], {"spec": {"autoscaling": {"policyRef": {"name": "chat"}, "mode": mode}}}
+    )
+    assert create(k8s_api, namespace, body)["spec"]["autoscaling"]["mode"] == mode
+    unset = create(k8s_api, namespace, TABLE["base"])
+    assert "mode" not in (unset["spec"].get("autoscaling") or {})  # no default: the policy's mode applies
+
+
 @pytest.mark.parametrize("case", TABLE["cases"], ids=lambda c: c["name"])
 def test_invalid_spec_is_rejected_naming_the_field(
     crds: list[str], k8s_api: Any, namespace: str, case: dict[str, Any]
