@@ -157,7 +157,7 @@ class PolicyState:
     # says by how much arrivals outrun the pool now, before the window's average rate shows it
     prefill_queue: tuple[tuple[float, float], ...] = ()
     # when arrivals outran the prefill pool (the start of each such episode) within the last hour: a pool
-    # caught out more than once by traffic returning to a level it had seen keeps what that level needs
+    # caught out by traffic returning to a level it had seen keeps what that level needs for the hour
     prefill_fell_behind: tuple[float, ...] = ()
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
