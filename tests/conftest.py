@@ -190,3 +190,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"{component} log (last {_LOG_TAIL_BYTES} bytes)", tail))
     for index, prom in enumerate(item.stash.get(_PROMETHEUS_KEY, [])):
         report.sections.append((f"prometheus[{index}] log", prom.log_tail(_LOG_TAIL_BYTES)))
+
+
+DecisionCall = tuple[Any, Any, Any, Any]  # (observation, policy spec, bounds, decision)
+
+
+@pytest.fixture
+def record_decisions(monkeypatch: pytest.MonkeyPatch) -> Callable[[object], list[DecisionCall]]:
+    """``record(module)`` replaces ``module.decide`` with :func:`disagg.policy.decide` that also appends
+    (observation, policy, bounds, decision) of each call to the list it returns."""
+    from disagg.policy import decide
+
+    def record(module: object) -> list[DecisionCall]:
+        calls: list[DecisionCall] = []
+
+        def recorded(obs: Any, policy: Any, state: Any, now: float, bounds: Any, **kw: Any) -> Any:
+            decision, new_state = decide(obs, policy, state, now, bounds, **kw)
+            calls.append((obs, policy, bounds, decision))
+            return decision, new_state
+
+        monkeypatch.setattr(module, "decide", recorded)
+        return calls
+
+    return record

@@ -5,10 +5,10 @@ files: the operator's autoscaler and the simulator decide with the same algorith
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +19,7 @@ from disagg.controller.metrics import AutoscalingMetrics
 from disagg.controller.settings import AutoscalingSettings
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, RATIO_POLICY, KubeApi
 from disagg.policy.capacity import resolve_profile
-from disagg.policy.types import Bounds, Decision, Observation, PolicyState
+from disagg.policy.types import Bounds, Decision, Observation
 from disagg.twin.cli_simulate import load_policy, policy_controller
 from disagg.twin.sim import SimDeployment
 
@@ -29,19 +29,6 @@ POLICY_FILE = REPO / "policies" / "rag-long-context.yaml"  # model-based
 FIELD_MANAGER = "disagg-tests"
 
 Call = tuple[Observation, RatioPolicySpec, Bounds, Decision]
-
-
-def _recording(calls: list[Call]) -> Any:
-    decide = disagg.policy.decide
-
-    def recorded(
-        obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds, **kw: Any
-    ) -> tuple[Decision, PolicyState]:
-        decision, new_state = decide(obs, policy, state, now, bounds, **kw)
-        calls.append((obs, policy, bounds, decision))
-        return decision, new_state
-
-    return recorded
 
 
 def _pool(namespace: str, deployment: str, role: str, replicas: int) -> dict[str, Any]:
@@ -66,7 +53,7 @@ def _pool(namespace: str, deployment: str, role: str, replicas: int) -> dict[str
 
 
 def test_the_cluster_and_simulate_read_the_same_objects_the_same_way(
-    kube: KubeApi, crds: list[str], namespace: str, monkeypatch: pytest.MonkeyPatch
+    kube: KubeApi, crds: list[str], namespace: str, record_decisions: Callable[[object], list[Call]]
 ) -> None:
     manifest = yaml.safe_load(DEPLOYMENT_FILE.read_text())
     manifest["metadata"]["namespace"] = namespace
@@ -83,16 +70,14 @@ def test_the_cluster_and_simulate_read_the_same_objects_the_same_way(
             _pool(namespace, applied["metadata"]["name"], role, replicas), FIELD_MANAGER, kind=DEPLOYMENT
         )
 
-    cluster: list[Call] = []
-    monkeypatch.setattr(autoscaler, "decide", _recording(cluster))
+    cluster = record_decisions(autoscaler)
     loop = autoscaler.Autoscaler(
         kube, AutoscalingSettings(), None, AutoscalingMetrics.create(CollectorRegistry())
     )
     assert autoscaler.evaluate(loop, applied, {}, time.time()) is not None
     ((observation, cluster_policy, cluster_bounds, cluster_decision),) = cluster
 
-    simulate: list[Call] = []
-    monkeypatch.setattr(disagg.policy, "decide", _recording(simulate))
+    simulate = record_decisions(disagg.policy)
     policy_controller(load_policy(POLICY_FILE).spec, SimDeployment.load(DEPLOYMENT_FILE))(observation)
     ((_, simulate_policy, simulate_bounds, simulate_decision),) = simulate
 

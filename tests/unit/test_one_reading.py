@@ -5,7 +5,7 @@ start-up) and serving profile, so a policy replayed through the twin is the poli
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,9 +18,8 @@ from disagg.controller import autoscaler
 from disagg.controller.metrics import AutoscalingMetrics
 from disagg.controller.settings import AutoscalingSettings
 from disagg.k8s.client import Kind, KubeApi
-from disagg.policy import decide
 from disagg.policy.capacity import load_models, resolve_profile
-from disagg.policy.types import Bounds, Decision, Observation, PolicyState
+from disagg.policy.types import Bounds, Decision, Observation
 from disagg.twin.cli_simulate import load_policy, policy_controller
 from disagg.twin.sim import SimDeployment
 
@@ -55,25 +54,14 @@ class _Cluster:
 
 
 Call = tuple[Observation, RatioPolicySpec, Bounds, Decision]
+Record = Callable[[object], list[Call]]
 
 
-def _recording(calls: list[Call]) -> Any:
-    def recorded(
-        obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds, **kw: Any
-    ) -> tuple[Decision, PolicyState]:
-        decision, new_state = decide(obs, policy, state, now, bounds, **kw)
-        calls.append((obs, policy, bounds, decision))
-        return decision, new_state
-
-    return recorded
-
-
-def _on_the_cluster(monkeypatch: pytest.MonkeyPatch, policy_path: Path) -> Call:
+def _on_the_cluster(record_decisions: Record, policy_path: Path) -> Call:
     """One evaluation by the operator's autoscaler of the example deployment under ``policy_path``."""
     deployment = yaml.safe_load(DEPLOYMENT.read_text())
     deployment["metadata"].update(namespace="default", generation=1)
-    calls: list[Call] = []
-    monkeypatch.setattr(autoscaler, "decide", _recording(calls))
+    calls = record_decisions(autoscaler)
     loop = autoscaler.Autoscaler(
         kube=cast(KubeApi, _Cluster(deployment, yaml.safe_load(policy_path.read_text()))),
         settings=AutoscalingSettings(),
@@ -85,12 +73,11 @@ def _on_the_cluster(monkeypatch: pytest.MonkeyPatch, policy_path: Path) -> Call:
     return call
 
 
-def _in_simulate(monkeypatch: pytest.MonkeyPatch, policy_path: Path, observation: Observation) -> Call:
+def _in_simulate(record_decisions: Record, policy_path: Path, observation: Observation) -> Call:
     """The decision ``disagg simulate --deployment D --policy P`` makes on the same observation."""
     import disagg.policy
 
-    calls: list[Call] = []
-    monkeypatch.setattr(disagg.policy, "decide", _recording(calls))
+    calls = record_decisions(disagg.policy)
     control = policy_controller(load_policy(policy_path).spec, SimDeployment.load(DEPLOYMENT))
     control(observation)
     (call,) = calls
@@ -99,11 +86,13 @@ def _in_simulate(monkeypatch: pytest.MonkeyPatch, policy_path: Path, observation
 
 @pytest.mark.parametrize("policy_path", POLICIES, ids=lambda p: p.stem)
 def test_the_cluster_and_simulate_decide_with_the_same_algorithm_bounds_and_profile(
-    monkeypatch: pytest.MonkeyPatch, policy_path: Path
+    record_decisions: Record, policy_path: Path
 ) -> None:
-    observation, cluster_policy, cluster_bounds, cluster_decision = _on_the_cluster(monkeypatch, policy_path)
+    observation, cluster_policy, cluster_bounds, cluster_decision = _on_the_cluster(
+        record_decisions, policy_path
+    )
     _, simulate_policy, simulate_bounds, simulate_decision = _in_simulate(
-        monkeypatch, policy_path, observation
+        record_decisions, policy_path, observation
     )
     assert simulate_policy == cluster_policy
     assert simulate_bounds == cluster_bounds
