@@ -13,8 +13,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from disagg.policy.types import ROLES, Bounds
 from disagg.twin.sim import SimResult
 
@@ -68,14 +66,6 @@ def cause_counts(records: Sequence[DecisionRecord]) -> list[tuple[str, int]]:
     return Counter(r.cause for r in records).most_common()
 
 
-def _good(result: SimResult, ttft_s: float, itl_s: float) -> np.ndarray:
-    finished = ~np.isnan(result.e2e)
-    ttft_ok = finished & (np.nan_to_num(result.ttft, nan=math.inf) <= ttft_s)
-    itl_ok = finished & ((result.output <= 1) | (np.nan_to_num(result.itl_mean, nan=math.inf) <= itl_s))
-    good: np.ndarray = ttft_ok & itl_ok
-    return good
-
-
 def bound_spans(
     result: SimResult,
     records: Sequence[DecisionRecord],
@@ -92,7 +82,7 @@ def bound_spans(
     fits the GPU budget (or the decision says BudgetClamp)."""
     if not records:
         return []
-    good = _good(result, ttft_s, itl_s)
+    good = result.met_slo(ttft_s, itl_s)
     g = {"prefill": bounds.prefill.gpus_per_replica, "decode": bounds.decode.gpus_per_replica}
     ends = [r.time for r in records[1:]] + [max(result.duration_s, records[-1].time)]
     spans: list[BoundSpan] = []

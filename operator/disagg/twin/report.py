@@ -88,9 +88,7 @@ def build_report(
     if ttft_slo_s <= 0 or itl_slo_s <= 0:
         raise ValueError("ttft_slo_s/itl_slo_s: SLO targets must be > 0")
     n = int(result.arrival.size)
-    finished = ~np.isnan(result.e2e)
-    ttft_ok = finished & (np.nan_to_num(result.ttft, nan=math.inf) <= ttft_slo_s)
-    itl_ok = finished & ((result.output <= 1) | (np.nan_to_num(result.itl_mean, nan=math.inf) <= itl_slo_s))
+    ttft_ok, itl_ok = result.met_ttft(ttft_slo_s), result.met_itl(itl_slo_s)
     good = int(np.sum(ttft_ok & itl_ok))
     span = result.duration_s - (float(result.arrival.min()) if n else 0.0)
     dep = result.deployment
@@ -100,7 +98,7 @@ def build_report(
         gpus=peak_gpus(result),
         gpus_start=dep.gpus,
         requests=n,
-        finished=int(finished.sum()),
+        finished=result.finished,
         rejected=result.rejected,
         duration_s=result.duration_s,
         gpu_hours=result.gpu_hours,

@@ -221,6 +221,23 @@ class SimResult:
     def finished(self) -> int:
         return int(np.sum(~np.isnan(self.e2e)))
 
+    def met_ttft(self, ttft_s: float) -> np.ndarray:
+        """Per request: finished, with its first token within ``ttft_s``."""
+        met: np.ndarray = ~np.isnan(self.e2e) & (np.nan_to_num(self.ttft, nan=math.inf) <= ttft_s)
+        return met
+
+    def met_itl(self, itl_s: float) -> np.ndarray:
+        """Per request: finished, with its mean inter-token gap within ``itl_s`` (a single-token answer
+        has no gap to miss)."""
+        gaps_ok = (self.output <= 1) | (np.nan_to_num(self.itl_mean, nan=math.inf) <= itl_s)
+        met: np.ndarray = ~np.isnan(self.e2e) & gaps_ok
+        return met
+
+    def met_slo(self, ttft_s: float, itl_s: float) -> np.ndarray:
+        """Per request: finished and within both targets (a *good* request)."""
+        met: np.ndarray = self.met_ttft(ttft_s) & self.met_itl(itl_s)
+        return met
+
     def report(self, ttft_slo_s: float, itl_slo_s: float, percentile: float = 0.9) -> Report:
         from disagg.twin.report import build_report
 
