@@ -247,12 +247,13 @@ class LatencyModel:
 
 
 @functools.cache
-def _load_yaml(name: str) -> Any:
+def load_profile_yaml(name: str) -> Any:
+    """One of the profile tables (models.yaml, gpus.yaml, coefficients.yaml), read once per process."""
     return yaml.safe_load((PROFILES_DIR / name).read_text())
 
 
 def _model_table() -> dict[str, dict[str, Any]]:
-    table: dict[str, dict[str, Any]] = _load_yaml("models.yaml")["models"]
+    table: dict[str, dict[str, Any]] = load_profile_yaml("models.yaml")["models"]
     return table
 
 
@@ -268,7 +269,7 @@ def resolve_model_name(model: str) -> str:
 
 def resolve_gpu_name(gpu: str) -> str:
     key = gpu.strip().lower()
-    gpus: dict[str, dict[str, Any]] = _load_yaml("gpus.yaml")["gpus"]
+    gpus: dict[str, dict[str, Any]] = load_profile_yaml("gpus.yaml")["gpus"]
     for name, spec in gpus.items():
         if key in (name, str(spec.get("product", "")).lower()):
             return name
@@ -284,7 +285,7 @@ def load_model_config(model: str) -> ModelConfig:
 
 def load_gpu_spec(gpu: str) -> GpuSpec:
     name = resolve_gpu_name(gpu)
-    spec = _load_yaml("gpus.yaml")["gpus"][name]
+    spec = load_profile_yaml("gpus.yaml")["gpus"][name]
     fields = {f: spec[f] for f in GpuSpec.__dataclass_fields__ if f != "name"}
     return GpuSpec(name=name, **fields)
 
@@ -301,7 +302,7 @@ def load_latency_model(
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     mc = load_model_config(model)
     gs = load_gpu_spec(gpu)
-    coef = _load_yaml("coefficients.yaml")
+    coef = load_profile_yaml("coefficients.yaml")
     key = f"{mc.name}/{gs.name}/tp{tp}/{'fp8' if dtype == 'fp8' else 'bf16'}"
     entry = coef["profiles"].get(key)
     if entry is None:

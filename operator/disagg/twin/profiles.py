@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 
-import yaml
-
-from disagg.perf.latency import PROFILES_DIR, load_latency_model, resolve_gpu_name, resolve_model_name
+from disagg.perf.latency import load_latency_model, load_profile_yaml, resolve_gpu_name, resolve_model_name
 from disagg.twin.deployment import PoolSpec, SimDeployment
 
 HOW_TO_ADD = (
@@ -31,9 +29,8 @@ class ProfileError(ValueError):
 @functools.cache
 def available() -> tuple[tuple[str, str, int, str], ...]:
     """Every calibrated profile as (model, gpu, tp, dtype), sorted."""
-    coefficients = yaml.safe_load((PROFILES_DIR / "coefficients.yaml").read_text())
     out = []
-    for key in coefficients.get("profiles", {}):
+    for key in load_profile_yaml("coefficients.yaml").get("profiles", {}):
         model, gpu, tp, dtype = str(key).split("/")
         out.append((model, gpu, int(tp.removeprefix("tp")), dtype))
     return tuple(sorted(out))
