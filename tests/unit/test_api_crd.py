@@ -111,6 +111,14 @@ def test_cel_rules_cover_the_cross_field_constraints() -> None:
         "maxGPUs is below",
         "spec.engine.type is immutable",
         "metadata.name must be at most 46",
+        "parallelism.dataParallelAttention needs parallelism.data > 1",
+        "parallelism.expert with parallelism.data > 1 needs parallelism.dataParallelAttention",
+        "tensorParallelSize and parallelism.tensor differ",
+        "parallelism.expert must equal parallelism.tensor x parallelism.data",
+        "tensor x pipeline x data must equal gpusPerNode x nodesPerReplica",
+        "or with parallelism its gpusPerNode (GPUs per pod)",
+        "spec.prefill.parallelism.data must be a multiple of nodesPerReplica with vllm",
+        "spec.decode.parallelism: with sglang, data > 1 on several nodes needs dataParallelAttention",
     ):
         assert needle in messages, needle
     assert all(r["rule"] and r["message"] for r in rules)

@@ -160,3 +160,40 @@ def test_status_keys_added_by_other_writers_do_not_make_the_object_unreadable() 
     )
     dd = DisaggregatedDeployment.model_validate(doc)
     assert dd.status is not None and dd.status.prefill is not None and dd.status.prefill.ready == 1
+
+
+def test_parallelism_sizes_gpus_per_pod_and_per_replica() -> None:
+    wide = {"data": 32, "dataParallelAttention": True, "expert": 32, "nodesPerReplica": 4}
+    doc = merge_patch(minimal(), {"spec": {"decode": {"parallelism": wide}}})
+    decode = DisaggregatedDeployment.model_validate(doc).spec.decode
+    assert (decode.tensor_size, decode.data_size, decode.expert_size) == (1, 32, 32)
+    # gpusPerNode defaults to the ranks over the nodes; the replica (what the GPU budget counts) is all four
+    assert (decode.gpus_per_node, decode.nodes_per_replica, decode.gpus_per_replica) == (8, 4, 32)
+    assert decode.multi_node and decode.data_parallel_attention
+
+
+def test_tensor_parallel_size_stays_the_shorthand_for_parallelism_tensor() -> None:
+    plain = DisaggregatedDeployment.model_validate(
+        merge_patch(minimal(), {"spec": {"prefill": {"tensorParallelSize": 4}}})
+    ).spec.prefill
+    assert (plain.tensor_size, plain.gpus_per_node, plain.gpus_per_replica, plain.multi_node) == (
+        4,
+        4,
+        4,
+        False,
+    )
+    assert plain.parallelism is None and plain.expert_size is None
+    for prefill in ({"parallelism": {"tensor": 4}}, {"tensorParallelSize": 4, "parallelism": {"tensor": 4}}):
+        spec = DisaggregatedDeployment.model_validate(
+            merge_patch(minimal(), {"spec": {"prefill": prefill}})
+        ).spec
+        assert (spec.prefill.tensor_size, spec.prefill.gpus_per_replica) == (4, 4)
+
+
+def test_explicit_gpus_per_node_counts_the_whole_group() -> None:
+    par = {"tensor": 2, "pipeline": 2, "data": 4, "dataParallelAttention": True, "expert": 8}
+    doc = merge_patch(
+        minimal(), {"spec": {"prefill": {"parallelism": {**par, "nodesPerReplica": 2, "gpusPerNode": 8}}}}
+    )
+    prefill = DisaggregatedDeployment.model_validate(doc).spec.prefill
+    assert (prefill.gpus_per_node, prefill.gpus_per_replica, prefill.pipeline_size) == (8, 16, 2)

@@ -425,6 +425,144 @@ class KVTransferSpec(ApiModel):
     )
 
 
+# ------------------------------------------------------------------------------------------ parallelism
+
+# How a replica spreads over GPUs and nodes. Engine-neutral: a replica has tensor x pipeline x data
+# engine ranks, one per GPU, on nodesPerReplica nodes of gpusPerNode GPUs each. vLLM takes the sizes
+# as they are (--tensor-parallel-size, --pipeline-parallel-size, --data-parallel-size; its expert-parallel
+# group is every tensor and data rank: vllm 0.33.0 wheel, vllm/config/parallel.py); SGLang's tensor-parallel
+# group holds the attention data-parallel ranks (--tp-size tensor x data --attn-dp-size data: sglang 0.5.23
+# wheel, sglang/srt/arg_groups/fields/parallel.py attn_dp_size). See disagg.render.engines.
+DP_ATTENTION_NEEDS_DATA = (
+    "parallelism.dataParallelAttention needs parallelism.data > 1 (the attention data-parallel ranks)"
+)
+EXPERT_DATA_NEEDS_DP_ATTENTION = (
+    "parallelism.expert with parallelism.data > 1 needs parallelism.dataParallelAttention: true (the "
+    "data-parallel ranks run attention apart and share one expert-parallel group)"
+)
+TENSOR_SIZES_DIFFER = (
+    "tensorParallelSize and parallelism.tensor differ: set one of them (tensorParallelSize is the "
+    "shorthand for parallelism.tensor; leave it at 1 when parallelism.tensor is set)"
+)
+EXPERT_SIZE = (
+    "parallelism.expert must equal parallelism.tensor x parallelism.data (the engines shard the experts "
+    "over every tensor and data rank of a replica)"
+)
+RANKS_FIT_NODES = (
+    "parallelism: tensor x pipeline x data must equal gpusPerNode x nodesPerReplica (one engine rank per "
+    "GPU of the replica's nodes)"
+)
+
+
+class Parallelism(ApiModel):
+    """How one replica spreads over GPUs and nodes: tensor x pipeline x data engine ranks, one per GPU,
+    on nodesPerReplica nodes of gpusPerNode GPUs each. A replica of one node is a Deployment's pod; a
+    replica of several nodes is one LeaderWorkerSet group (a leader pod and nodesPerReplica - 1 workers).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "!self.dataParallelAttention || self.data > 1",
+                    DP_ATTENTION_NEEDS_DATA,
+                    ".dataParallelAttention",
+                ),
+                _rule(
+                    "!has(self.expert) || self.data == 1 || self.dataParallelAttention",
+                    EXPERT_DATA_NEEDS_DP_ATTENTION,
+                    ".dataParallelAttention",
+                ),
+            ]
+        }
+    )
+
+    tensor: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Tensor-parallel size (default: tensorParallelSize, of which this is the long form).",
+    )
+    pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel size.")
+    data: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Data-parallel size: engine ranks each holding a full copy of the attention (and, "
+        "without expert, of the whole model), spread over the replica's nodes.",
+    )
+    expert: int | None = Field(
+        default=None,
+        ge=2,
+        le=4096,
+        description="Expert-parallel size (unset: no expert parallelism). Must equal tensor x data: the "
+        "experts of a mixture-of-experts model are sharded over every tensor and data rank (vLLM "
+        "--enable-expert-parallel, SGLang --ep-size), dispatched by DeepEP all-to-all: high-throughput "
+        "(normal) on prefill, low-latency on decode.",
+    )
+    data_parallel_attention: bool = Field(
+        default=False,
+        description="Run attention data-parallel over the data ranks while the MoE layers are expert-"
+        "parallel over all of them (SGLang --attn-dp-size; vLLM's data ranks always do). Needs data > 1.",
+    )
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Nodes one replica spans. 1: each replica is a pod of a Deployment; more: each replica "
+        "is a LeaderWorkerSet group of this many pods, one per node (needs the LeaderWorkerSet controller, "
+        "sigs.k8s.io/lws).",
+    )
+    gpus_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="GPUs of each pod of a replica (default: tensor x pipeline x data / nodesPerReplica); "
+        "nvidia.com/gpu is set to it.",
+    )
+
+    @model_validator(mode="after")
+    def _self_consistent(self) -> Self:
+        if self.data_parallel_attention and self.data == 1:
+            raise ValueError(DP_ATTENTION_NEEDS_DATA)
+        if self.expert is not None and self.data > 1 and not self.data_parallel_attention:
+            raise ValueError(EXPERT_DATA_NEEDS_DP_ATTENTION)
+        return self
+
+
+def _cel_tensor(role: str) -> str:
+    """CEL: the tensor-parallel size of the RoleSpec at ``role`` (``self`` or ``self.prefill``)."""
+    return f"(has({role}.parallelism.tensor) ? {role}.parallelism.tensor : {role}.tensorParallelSize)"
+
+
+def _cel_ranks(role: str) -> str:
+    """CEL: engine ranks (GPUs) of one replica of the RoleSpec at ``role``, which has parallelism."""
+    return f"({_cel_tensor(role)} * {role}.parallelism.pipeline * {role}.parallelism.data)"
+
+
+def _cel_gpus_per_pod(role: str) -> str:
+    """CEL: GPUs per pod of the RoleSpec at ``role``."""
+    par = f"{role}.parallelism"
+    per_node = f"(has({par}.gpusPerNode) ? {par}.gpusPerNode : {_cel_ranks(role)} / {par}.nodesPerReplica)"
+    return f"(has({par}) ? {per_node} : {role}.tensorParallelSize)"
+
+
+def _cel_gpus_per_replica(role: str) -> str:
+    """CEL: GPUs of one replica (all its nodes) of the RoleSpec at ``role``."""
+    return f"(has({role}.parallelism) ? {_cel_ranks(role)} : {role}.tensorParallelSize)"
+
+
+def _gpu_resource_rule(kind: str) -> dict[str, Any]:
+    return _rule(
+        f"!has(self.resources) || !has(self.resources.{kind}) || "
+        f"!('{GPU_RESOURCE}' in self.resources.{kind}) || "
+        f"string(self.resources.{kind}['{GPU_RESOURCE}']) == string({_cel_gpus_per_pod('self')})",
+        f"resources.{kind}['{GPU_RESOURCE}'] must equal tensorParallelSize (GPUs per replica), or with "
+        "parallelism its gpusPerNode (GPUs per pod)",
+        f".resources.{kind}",
+    )
+
+
 # ------------------------------------------------------------------------------------------------ roles
 
 
@@ -434,19 +572,26 @@ class RoleSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                _gpu_resource_rule("limits"),
+                _gpu_resource_rule("requests"),
                 _rule(
-                    f"!has(self.resources) || !has(self.resources.limits) || "
-                    f"!('{GPU_RESOURCE}' in self.resources.limits) || "
-                    f"string(self.resources.limits['{GPU_RESOURCE}']) == string(self.tensorParallelSize)",
-                    f"resources.limits['{GPU_RESOURCE}'] must equal tensorParallelSize (GPUs per replica)",
-                    ".resources.limits",
+                    "!has(self.parallelism) || !has(self.parallelism.tensor) || self.tensorParallelSize == 1 "
+                    "|| self.tensorParallelSize == self.parallelism.tensor",
+                    TENSOR_SIZES_DIFFER,
+                    ".parallelism.tensor",
                 ),
                 _rule(
-                    f"!has(self.resources) || !has(self.resources.requests) || "
-                    f"!('{GPU_RESOURCE}' in self.resources.requests) || "
-                    f"string(self.resources.requests['{GPU_RESOURCE}']) == string(self.tensorParallelSize)",
-                    f"resources.requests['{GPU_RESOURCE}'] must equal tensorParallelSize (GPUs per replica)",
-                    ".resources.requests",
+                    "!has(self.parallelism) || !has(self.parallelism.expert) || self.parallelism.expert == "
+                    f"{_cel_tensor('self')} * self.parallelism.data",
+                    EXPERT_SIZE,
+                    ".parallelism.expert",
+                ),
+                _rule(
+                    "!has(self.parallelism) || (has(self.parallelism.gpusPerNode) ? "
+                    f"{_cel_ranks('self')} == self.parallelism.gpusPerNode * self.parallelism.nodesPerReplica"
+                    f" : {_cel_ranks('self')} % self.parallelism.nodesPerReplica == 0)",
+                    RANKS_FIT_NODES,
+                    ".parallelism",
                 ),
             ]
         }
@@ -459,12 +604,21 @@ class RoleSpec(ApiModel):
         description="Replicas when autoscaling is off, and the starting point when it is on.",
     )
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=64, description="Tensor-parallel size: GPUs per replica."
+        default=1,
+        ge=1,
+        le=64,
+        description="Tensor-parallel size: GPUs per replica (the shorthand for parallelism.tensor; with "
+        "parallelism, leave it at 1 or set the same value).",
+    )
+    parallelism: Parallelism | None = Field(
+        default=None,
+        description="Tensor, pipeline, data and expert parallelism and the nodes a replica spans "
+        "(unset: tensorParallelSize GPUs on one node).",
     )
     resources: ResourceRequirements | None = Field(
         default=None,
-        description=f"Engine container resources. {GPU_RESOURCE} is set to tensorParallelSize; if given "
-        "it must equal it.",
+        description=f"Engine container resources. {GPU_RESOURCE} is set to tensorParallelSize (with "
+        "parallelism: its gpusPerNode); if given it must equal it.",
     )
     node_selector: StringMap | None = Field(
         default=None,
@@ -508,21 +662,93 @@ class RoleSpec(ApiModel):
     )
 
     @model_validator(mode="after")
+    def _parallelism_arithmetic(self) -> Self:
+        par = self.parallelism
+        if par is None:
+            return self
+        if par.tensor is not None and self.tensor_parallel_size not in (1, par.tensor):
+            raise ValueError(
+                f"{TENSOR_SIZES_DIFFER}: tensorParallelSize {self.tensor_parallel_size}, parallelism.tensor "
+                f"{par.tensor}"
+            )
+        tensor = self.tensor_size
+        if par.expert is not None and par.expert != tensor * par.data:
+            raise ValueError(f"{EXPERT_SIZE}: {par.expert} != {tensor} x {par.data}")
+        ranks = tensor * par.pipeline * par.data
+        fits = (
+            ranks == par.gpus_per_node * par.nodes_per_replica
+            if par.gpus_per_node is not None
+            else ranks % par.nodes_per_replica == 0
+        )
+        if not fits:
+            per_node = par.gpus_per_node if par.gpus_per_node is not None else "?"
+            raise ValueError(
+                f"{RANKS_FIT_NODES}: {tensor} x {par.pipeline} x {par.data} = {ranks} ranks on "
+                f"{par.nodes_per_replica} nodes of {per_node} GPUs"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gpus_match_tp(self) -> Self:
         if self.resources is None:
             return self
         for kind in ("limits", "requests"):
             values = getattr(self.resources, kind) or {}
-            if GPU_RESOURCE in values and str(values[GPU_RESOURCE]) != str(self.tensor_parallel_size):
+            if GPU_RESOURCE in values and str(values[GPU_RESOURCE]) != str(self.gpus_per_node):
+                what = "tensorParallelSize" if self.parallelism is None else "parallelism's gpusPerNode"
                 raise ValueError(
                     f"resources.{kind}['{GPU_RESOURCE}'] ({values[GPU_RESOURCE]}) must equal "
-                    f"tensorParallelSize ({self.tensor_parallel_size}): GPUs per replica"
+                    f"tensorParallelSize (GPUs per replica), or with parallelism its gpusPerNode (GPUs per "
+                    f"pod): {what} is {self.gpus_per_node}"
                 )
         return self
 
     @property
+    def tensor_size(self) -> int:
+        """The tensor-parallel size: parallelism.tensor, else tensorParallelSize."""
+        par = self.parallelism
+        return par.tensor if par is not None and par.tensor is not None else self.tensor_parallel_size
+
+    @property
+    def pipeline_size(self) -> int:
+        return self.parallelism.pipeline if self.parallelism is not None else 1
+
+    @property
+    def data_size(self) -> int:
+        return self.parallelism.data if self.parallelism is not None else 1
+
+    @property
+    def expert_size(self) -> int | None:
+        """The expert-parallel size, or None without expert parallelism."""
+        return self.parallelism.expert if self.parallelism is not None else None
+
+    @property
+    def data_parallel_attention(self) -> bool:
+        return self.parallelism is not None and self.parallelism.data_parallel_attention
+
+    @property
+    def nodes_per_replica(self) -> int:
+        return self.parallelism.nodes_per_replica if self.parallelism is not None else 1
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether a replica spans several nodes (a LeaderWorkerSet group rather than a pod)."""
+        return self.nodes_per_replica > 1
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs of each pod of a replica (nvidia.com/gpu of the engine container)."""
+        par = self.parallelism
+        if par is None:
+            return self.tensor_parallel_size
+        if par.gpus_per_node is not None:
+            return par.gpus_per_node
+        return self.tensor_size * par.pipeline * par.data // par.nodes_per_replica
+
+    @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel_size
+        """GPUs of one replica, all its nodes together (what the GPU budget counts)."""
+        return self.gpus_per_node * self.nodes_per_replica
 
 
 # ----------------------------------------------------------------------------------------------- router
@@ -657,8 +883,39 @@ def _within_bounds_rule(role: RoleName) -> dict[str, Any]:
 def _min_footprint(role: RoleName) -> str:
     return (
         f"(has(self.autoscaling.{role}) ? self.autoscaling.{role}.minReplicas : self.{role}.replicas)"
-        f" * self.{role}.tensorParallelSize"
+        f" * {_cel_gpus_per_replica(f'self.{role}')}"
     )
+
+
+def vllm_nodes_message(role: RoleName) -> str:
+    return (
+        f"spec.{role}.parallelism.data must be a multiple of nodesPerReplica with vllm (each node of a "
+        "replica runs data / nodesPerReplica data-parallel ranks: --data-parallel-size-local)"
+    )
+
+
+def sglang_nodes_message(role: RoleName) -> str:
+    return (
+        f"spec.{role}.parallelism: with sglang, data > 1 on several nodes needs dataParallelAttention (a "
+        "multi-node SGLang replica is one tensor-parallel group over all its nodes, --attn-dp-size data)"
+    )
+
+
+def _engine_nodes_rules(role: RoleName) -> list[dict[str, Any]]:
+    par = f"self.{role}.parallelism"
+    return [
+        _rule(
+            f"self.engine.type != 'vllm' || !has({par}) || {par}.data % {par}.nodesPerReplica == 0",
+            vllm_nodes_message(role),
+            f".{role}.parallelism.data",
+        ),
+        _rule(
+            f"self.engine.type != 'sglang' || !has({par}) || {par}.nodesPerReplica == 1 || {par}.data == 1 "
+            f"|| {par}.dataParallelAttention",
+            sglang_nodes_message(role),
+            f".{role}.parallelism",
+        ),
+    ]
 
 
 class DisaggregatedDeploymentSpec(ApiModel):
@@ -677,6 +934,8 @@ class DisaggregatedDeploymentSpec(ApiModel):
                     "spec.autoscaling.maxGPUs is below the GPUs the minimum replicas of both pools need",
                     ".autoscaling.maxGPUs",
                 ),
+                *_engine_nodes_rules("prefill"),
+                *_engine_nodes_rules("decode"),
             ]
         }
     )
@@ -715,6 +974,21 @@ class DisaggregatedDeploymentSpec(ApiModel):
                 raise ValueError(
                     f"spec.kvTransfer.{field_name} must not be a port the engine pods use {_TAKEN}"
                 )
+        for role in ROLE_NAMES:
+            spec = self.role(role)
+            if spec.parallelism is None:
+                continue
+            if self.engine.type == "vllm" and spec.data_size % spec.nodes_per_replica:
+                raise ValueError(
+                    f"{vllm_nodes_message(role)}: data {spec.data_size}, {spec.nodes_per_replica} nodes"
+                )
+            if (
+                self.engine.type == "sglang"
+                and spec.multi_node
+                and spec.data_size > 1
+                and not spec.data_parallel_attention
+            ):
+                raise ValueError(sglang_nodes_message(role))
         if self.router.port in ROUTER_POD_PORTS:
             raise ValueError(
                 "spec.router.port must not be a port the router pod already uses "
@@ -731,7 +1005,7 @@ class DisaggregatedDeploymentSpec(ApiModel):
                     f"({bounds.min_replicas}) and maxReplicas ({bounds.max_replicas})"
                 )
         if self.autoscaling.max_gpus is not None:
-            need = sum(self.min_replicas(role) * self.role(role).tensor_parallel_size for role in ROLE_NAMES)
+            need = sum(self.min_replicas(role) * self.role(role).gpus_per_replica for role in ROLE_NAMES)
             if self.autoscaling.max_gpus < need:
                 raise ValueError(
                     f"spec.autoscaling.maxGPUs ({self.autoscaling.max_gpus}) is below the {need} GPUs the "
@@ -833,6 +1107,7 @@ __all__ = [
     "ModelCacheSpec",
     "ModelSource",
     "ModelSpec",
+    "Parallelism",
     "RdmaSpec",
     "ReplicaBounds",
     "RoleName",
