@@ -837,3 +837,83 @@ def test_a_prefill_pool_caught_out_by_returning_traffic_keeps_the_level_it_retur
     assert state.prefill_fell_behind == (now - 1800.0,)  # remembered for an hour
     _, later = run(replace(o, time=now + 1900.0), policy, state=state, bounds=MB_BOUNDS)
     assert later.prefill_fell_behind == ()
+
+
+def _shrinkable_decode(now: float) -> tuple[Observation, RatioPolicySpec, Bounds]:
+    """2 decode replicas at 20% KV and ITL 26 ms with 20 sequences running: the 70B model proves one
+    replica enough (see test_decode_shrinks_further_when_the_profile_gives_the_step_shape)."""
+    o = obs(
+        t=now,
+        p=8,
+        d=2,
+        ttft=3.0,
+        queue=0.0,
+        prefill_time=1.5,
+        rate=3.0,
+        prompt=4000.0,
+        itl=0.026,
+        running=20.0,
+    )
+    o = replace(o, decode=replace(o.decode, kv_usage=Measured.of(0.2)))
+    profiled = replace(BOUNDS, profile=ServingProfile("llama-3.1-70b", "h100", 2, 2, "fp8"))
+    return o, spec(algorithm="model-based", **TEN_S, **FREE), profiled
+
+
+def test_a_decode_shrink_is_proven_against_the_kv_peak_of_the_scale_down_window() -> None:
+    # one scrape reads 20% KV, but a minute ago the pool held 80% of each cache with twice the sequences:
+    # heavy-tailed contexts swing KV use between scrapes, and one replica would not have held that
+    now = 5000.0
+    o, policy, bounds = _shrinkable_decode(now)
+    policy = policy.model_copy(
+        update={"scale_down": policy.scale_down.model_copy(update={"stabilization_window_seconds": 300})}
+    )
+    # the window's earlier evaluations already wanted one replica
+    wanted = PolicyState(recommendations=tuple(Recommendation(now - 30.0 * k, 8, 1) for k in range(1, 11)))
+    shrunk, state = run(o, policy, wanted, bounds)
+    held, _ = run(o, policy, replace(wanted, decode_load=((now - 60.0, 0.8 * 2, 40.0),)), bounds)
+    # outside the window: forgotten
+    again, _ = run(o, policy, replace(wanted, decode_load=((now - 900.0, 0.8 * 2, 40.0),)), bounds)
+    assert held.decode == 2
+    assert shrunk.decode == again.decode == 1
+    assert state.decode_load == ((now, 0.2 * 2, 20.0),)  # the pool's KV in replica caches, recorded
+
+
+def test_a_decode_pool_whose_cache_filled_is_not_shrunk_back_to_that_load_within_the_hour() -> None:
+    now = 5000.0
+    o, policy, bounds = _shrinkable_decode(now)
+    shrunk, _ = run(o, policy, PolicyState(), bounds)
+    # within the hour one replica's cache filled carrying this very load (rate x output x context)
+    load = 3.0 * 200.0 * (4000.0 + 100.0)
+    filled = PolicyState(decode_filled=((now - 1200.0, load),))
+    held, _ = run(o, policy, filled, bounds)
+    expired = PolicyState(decode_filled=((now - 3700.0, load),))
+    later, _ = run(o, policy, expired, bounds)
+    # filling at three times today's load per replica says nothing against one replica for today's
+    light = PolicyState(decode_filled=((now - 1200.0, 3 * load),))
+    light_shrunk, _ = run(o, policy, light, bounds)
+    assert shrunk.decode == later.decode == light_shrunk.decode == 1
+    assert held.decode == 2
+
+
+def test_a_full_decode_cache_with_requests_waiting_is_remembered_with_its_load_per_replica() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(t=100.0, d=2, kv=0.97, rate=4.0, prompt=1000.0, output=200.0)
+    o = replace(o, decode=replace(o.decode, queue_depth=Measured.of(12.0)))
+    d, state = run(o, policy, bounds=MB_BOUNDS)
+    assert d.decode >= 4  # doubled
+    assert state.decode_filled == ((100.0, 4.0 * 200.0 * 1100.0 / 2),)
+    # the same episode a minute later at a lower load keeps one entry, at the lower level
+    _, state = run(replace(o, time=160.0, request_rate=Measured.of(3.0)), policy, state, MB_BOUNDS)
+    assert state.decode_filled == ((160.0, 3.0 * 200.0 * 1100.0 / 2),)
+
+
+def test_a_decode_breach_grows_the_pool_only_once_its_last_growth_served_a_window() -> None:
+    # ITL breached over the metric window; decode grew 30 s ago, so the window mostly describes the
+    # smaller pool: no +1 on top. Grown long ago: the breach is the present pool's, +1
+    policy = spec(algorithm="model-based", **FREE)
+    now = 2000.0
+    o = obs(t=now, d=3, itl=0.09, rate=4.0, kv=0.3, running=30.0)
+    fresh, _ = run(o, policy, PolicyState(last_scale_up={"decode": now - 30.0}), MB_BOUNDS)
+    settled, _ = run(o, policy, PolicyState(last_scale_up={"decode": now - 3000.0}), MB_BOUNDS)
+    assert settled.decode == 4
+    assert fresh.decode == 3

@@ -26,6 +26,8 @@ def _state(now: float = NOW) -> PolicyState:
         work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
         prefill_fell_behind=(now - 1200.0,),
+        decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i) for i in range(10, -1, -1)),
+        decode_filled=((now - 2000.0, 3.2e6),),
         slo_spend=0.125,
     )
 
@@ -47,6 +49,11 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert restored.last_scale_down == {"prefill": NOW - 600.0}
     assert restored.flaps == {"decode": (NOW - 900.0, NOW - 300.0)}
     assert restored.prefill_fell_behind == (NOW - 1200.0,)
+    assert len(restored.decode_load) == len(state.decode_load)
+    for d0, d1 in zip(state.decode_load, restored.decode_load, strict=True):
+        assert abs(d0[0] - d1[0]) <= 0.5
+        assert d1[1] == pytest.approx(d0[1], rel=5e-3) and d1[2] == pytest.approx(d0[2], rel=5e-3)
+    assert restored.decode_filled == ((NOW - 2000.0, 3.2e6),)
 
 
 def test_the_stabilisation_window_and_ceilings_start_fresh() -> None:
@@ -112,8 +119,12 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     memory["lastScaleUp"] = {"decode": "yesterday", "prefill": NOW - 50.0}
     memory["lastScaleDown"] = ["decode", NOW]
     memory["sloSpend"] = "lots"
+    memory["decodeLoad"] = [*memory["decodeLoad"][-2:], [NOW, 1.0], [NOW, "full", 3.0], [NOW, -1.0, 2.0]]
+    memory["decodeFilled"] = [[NOW - 5.0, 2e6], [NOW, None], "x"]
     restored = from_memory(memory, NOW)
     assert len(restored.load_history) == 3
+    assert len(restored.decode_load) == 2
+    assert restored.decode_filled == ((NOW - 5.0, 2e6),)
     assert restored.correction == {"prefill": 1.25, "decode": 0.8, "prefill-wait": 1.1}
     assert restored.flaps == {"decode": (NOW - 10.0,)}
     assert restored.last_scale_up == {"prefill": NOW - 50.0}

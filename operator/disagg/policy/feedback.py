@@ -227,6 +227,8 @@ def smallest_safe_decode(
     step_time: StepTime | None = None,
     load_ratio: float = 1.0,
     kv_batch: int | None = None,
+    peak_kv: float | None = None,
+    peak_running: float | None = None,
 ) -> tuple[int, str] | None:
     """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
 
@@ -240,12 +242,20 @@ def smallest_safe_decode(
     the survivors must carry over the present one (the peak of the scale-down window over the rate
     now, at least 1): KV is proven at that load, since a pool whose cache fills queues every new
     request. KV usage unmeasured: no proof, no shrink.
+
+    ``peak_kv`` (KV in use over the scale-down window at its peak, in replica caches: usage x ready
+    replicas) and ``peak_running`` (running sequences at the window's peak): the proof holds at the
+    higher of them and the present reading grown by ``load_ratio``, since one scrape of a heavy-tailed
+    pool's KV use may catch it at a trough.
     """
     itl = _val(obs.itl)
     kv = _val(obs.decode.kv_usage)
     if itl is None or kv is None or n <= 0:
         return None
-    kv = kv * max(load_ratio, 1.0)
+    kv = max(kv * max(load_ratio, 1.0), (peak_kv or 0.0) / n)
+    running = _val(obs.decode.running)
+    if running is not None:
+        running = max(running * load_ratio, peak_running or 0.0)
     best: tuple[int, str] | None = None
     for m in range(n - 1, rb.min_replicas - 1, -1):
         if m <= 0:
@@ -256,8 +266,7 @@ def smallest_safe_decode(
             break
         if kv * scale > util_cap:
             break
-        running = _val(obs.decode.running)
-        if kv_batch is not None and running is not None and running * load_ratio / m > kv_batch * util_cap:
+        if kv_batch is not None and running is not None and running / m > kv_batch * util_cap:
             break
         best = (m, f"predicted ITL <= {predicted * 1000:.1f}ms with {m} replicas")
     return best

@@ -84,9 +84,33 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "sloSpend": _finite(state.slo_spend),
         "flaps": flaps,
         "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
+        "decodeLoad": _samples(state.decode_load, now)[-MAX_SAMPLES:],
+        "decodeFilled": _samples(state.decode_filled, now)[-MAX_FLAPS:],
         "lastScaleUp": _times(state.last_scale_up, now),
         "lastScaleDown": _times(state.last_scale_down, now),
     }
+
+
+def _samples(samples: Any, now: float) -> list[list[float]]:
+    """Timed samples (time, value, ...) still within MAX_AGE_S, values to three significant digits."""
+    return [
+        [_time(x[0]), *(_work(v) for v in x[1:])]
+        for x in samples
+        if all(_finite(v) is not None for v in x) and now - x[0] <= MAX_AGE_S
+    ]
+
+
+def _restore_samples(value: Any, now: float, width: int) -> list[tuple[float, ...]]:
+    """Timed samples of ``width`` numbers (time first, the rest >= 0), oldest first; garbled ones
+    dropped."""
+    out: list[tuple[float, ...]] = []
+    for sample in value if isinstance(value, list) else ():
+        if not isinstance(sample, list | tuple) or len(sample) != width:
+            continue
+        t, rest = _restore_time(sample[0], now), [_finite(v) for v in sample[1:]]
+        if t is not None and all(v is not None and v >= 0 for v in rest):
+            out.append((t, *(v for v in rest if v is not None)))
+    return sorted(out, key=lambda x: x[0])
 
 
 def _recent(times: Any, now: float) -> list[int]:
@@ -156,8 +180,12 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         _restore_time(v, now) for v in (raw_episodes if isinstance(raw_episodes, list) else ())
     )
     episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
+    decode_load = [(t, kv, run) for t, kv, run in _restore_samples(data.get("decodeLoad"), now, 3)]
+    decode_filled = [(t, level) for t, level in _restore_samples(data.get("decodeFilled"), now, 2)]
     return PolicyState(
         prefill_fell_behind=tuple(episodes),
+        decode_load=tuple(decode_load[-MAX_SAMPLES:]),
+        decode_filled=tuple(decode_filled[-MAX_FLAPS:]),
         load_history=tuple(history[-MAX_SAMPLES:]),
         work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,

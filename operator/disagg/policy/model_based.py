@@ -44,6 +44,7 @@ from disagg.policy.capacity import (
     prefill_service,
     prompt_quantiles,
     step_shape,
+    sum_p90,
 )
 from disagg.policy.feedback import (
     Band,
@@ -177,8 +178,7 @@ def update_corrections(
         # heavy-tailed documents read as a slow engine (x1.43) and decode was sized for the tail twice
         context = prompt + out / 2
         p90_prompt = _v(obs.prompt_tokens_p90)
-        spread = max((p90_prompt - prompt) if p90_prompt is not None else 0.0, 0.0)
-        tokens = batch * context + math.sqrt(batch) * spread
+        tokens = sum_p90(batch, context, (p90_prompt + out / 2) if p90_prompt is not None else None)
         expected = models.decode.decode_step_time_s(batch, int(tokens))
         if expected > 0:
             corr["decode"] = _ema(corr.get("decode"), itl / expected, weight)
@@ -323,10 +323,29 @@ def settled_for(state: PolicyState, role: Role, now: float, policy: RatioPolicyS
     """Whether the pool has served at its present size for a whole metric window: no scale-up for its
     start-up plus the window, no scale-down for the window (a window's throughput then belongs to the
     replicas serving now)."""
+    down = state.last_scale_down.get(role)
+    return grown_and_settled(state, role, now, policy, bounds) and (
+        down is None or now - down >= policy.metric_window_seconds
+    )
+
+
+def grown_and_settled(
+    state: PolicyState, role: Role, now: float, policy: RatioPolicySpec, bounds: Bounds
+) -> bool:
+    """Whether the pool's last scale-up (if any) is older than its start-up plus one metric window:
+    the window's latencies then describe the pool at its present size."""
+    up = state.last_scale_up.get(role)
     startup = bounds.role(role).startup_seconds or 0.0
-    window = float(policy.metric_window_seconds)
-    up, down = state.last_scale_up.get(role), state.last_scale_down.get(role)
-    return (up is None or now - up >= startup + window) and (down is None or now - down >= window)
+    return up is None or now - up >= startup + float(policy.metric_window_seconds)
+
+
+def decode_load_peak(state: PolicyState, now: float, window_s: float) -> tuple[float | None, float | None]:
+    """The decode pool's peak KV in use (in replica caches) and peak running sequences over the last
+    ``window_s`` (None when nothing was recorded)."""
+    recent = [(kv, run) for t, kv, run in state.decode_load if now - t <= window_s]
+    if not recent:
+        return None, None
+    return max(kv for kv, _ in recent), max(run for _, run in recent)
 
 
 def saturated_prefill_correction(obs: Observation, service: PrefillService, computed: float) -> float | None:
@@ -558,6 +577,8 @@ def model_based_proposal(
     kv_full = kv is not None and kv >= policy.feedback.kv_usage_high and (waiting or 0.0) > 0
     if kv_full and obs.decode.ready >= obs.decode.replicas:
         n_d = max(n_d, 2 * obs.decode.replicas)
+    kv_load = rate * out * context  # what the pool's caches hold at a given ITL (Little's law)
+    filled_at = kv_load / obs.decode.ready if kv_full and obs.decode.ready > 0 else None
     if n_d < obs.decode.replicas:
         # the model may shrink decode only as far as the observed ITL and KV prove safe: the ITL now,
         # grown by the latency model's step shape at the batch the survivors would carry, and the KV
@@ -572,8 +593,18 @@ def model_based_proposal(
             step_shape(models.decode, context),
             dp.shrink_peak / rate if rate > 0 else 1.0,
             batch or None,
+            *decode_load_peak(state, now, float(policy.scale_down.stabilization_window_seconds)),
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
+        # a replica whose cache filled at some KV load within the hour is not given that load again:
+        # the load it may carry after a shrink stays a tolerance band below the lowest level it filled at
+        # (seen on the heavy-tailed family: 2 -> 1 decode replica at 24% KV, whose cache then filled and
+        # queued TTFT to 62% attainment; the instantaneous KV use of long, heavy-tailed contexts swings
+        # more than any single proof sees)
+        filled = [level for t, level in state.decode_filled if now - t <= RECURRENCE_S]
+        if filled and n_d < obs.decode.replicas:
+            carried = dp.keep * out * context / ((1 - tol) * min(filled))
+            n_d = max(n_d, min(obs.decode.replicas, math.ceil(carried)))
     ttft, itl = _v(obs.ttft), _v(obs.itl)
     n_now = obs.prefill.replicas
     if n_p < n_now and not fc.trusted and ttft is not None and prefill_side_ttft(obs) is not None:
@@ -608,7 +639,12 @@ def model_based_proposal(
     if p_breach and not backlog_only(obs, obs.prefill.replicas, mb.target_utilization):
         ready = obs.prefill.ready >= obs.prefill.replicas
         n_p = max(n_p, obs.prefill.replicas + (1 if ready else 0))
-    if d_breach or at_decode:
+    # a decode breach grows the pool only once its last growth has served a whole metric window: ITL
+    # and queue times are window statistics, and a window that began before the new replicas were ready
+    # describes the smaller pool (seen: +1 decode the minute a replica added for a full cache became
+    # ready, while the backlog it was added for drained: 3 decode replicas where 2 sufficed). A full
+    # cache is handled above, whatever the timing
+    if (d_breach or at_decode) and grown_and_settled(state, "decode", now, policy, bounds):
         ready = obs.decode.ready >= obs.decode.replicas
         n_d = max(n_d, obs.decode.replicas + (1 if ready else 0))
     d_breach = d_breach or at_decode
@@ -645,4 +681,5 @@ def model_based_proposal(
         corr,
         spend,
         prefill_fell_behind=fell_behind,
+        decode_filled_at=filled_at,
     )
