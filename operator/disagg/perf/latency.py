@@ -23,9 +23,12 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from disagg.perf.moe import Parallelism
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 GIB = 2**30
@@ -292,12 +295,27 @@ def load_gpu_spec(gpu: str) -> GpuSpec:
 
 @functools.cache
 def load_latency_model(
-    model: str, gpu: str, tp: int, dtype: str = "bf16", kv_dtype: str = "bf16"
+    model: str,
+    gpu: str,
+    tp: int,
+    dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    parallelism: Parallelism | None = None,
 ) -> LatencyModel:
     """The latency model for (model, gpu, tp, dtype), e.g. ``("llama-3.1-70b", "h100", 4, "fp8")``.
 
     ``kv_dtype="fp8"`` models vLLM's ``--kv-cache-dtype fp8``: half the KV bytes per token (capacity,
-    transfer) and the FP8-KV attention kernels, where the profile has them (H100 kernel tables)."""
+    transfer) and the FP8-KV attention kernels, where the profile has them (H100 kernel tables).
+    Models of profiles/moe_models.yaml (MoE, MLA, dense Qwen3) get a :class:`disagg.perf.moe.MoeLatencyModel`
+    under ``parallelism`` (default: ``tp`` GPUs of tensor parallelism); the dense Llama profiles take
+    tensor parallelism only."""
+    from disagg.perf import moe
+
+    if moe.resolve_moe_model(model) is not None:
+        par = parallelism if parallelism is not None else moe.Parallelism(tp=tp)
+        return moe.load_moe_latency_model(model, gpu, dtype, kv_dtype, par)
+    if parallelism is not None and (parallelism.dp, parallelism.ep) != (1, 1):
+        raise ValueError(f"parallelism: {model} is dense; the twin models only tensor parallelism for it")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     mc = load_model_config(model)
