@@ -70,6 +70,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Children append at most "-prefill-headless" (17 characters) to the name, and a Service name must be a
 # DNS-1035 label of at most 63 characters.
 MAX_DD_NAME_LENGTH = 63 - len("-prefill-headless")
+# A pool spanning several nodes is a LeaderWorkerSet NAME-prefill-lws whose worker StatefulSets are named
+# NAME-prefill-lws-GROUP (GROUP up to 999: replicas <= 1000), and a StatefulSet's name must leave room for
+# the controller-revision-hash label (NAME-HASH, 11 more characters, in a 63-character label value:
+# kubernetes/kubernetes#64023), so at most 52 characters.
+MAX_MULTI_NODE_DD_NAME_LENGTH = 52 - len("-prefill-lws-999")
+MULTI_NODE_NAME_TOO_LONG = (
+    f"metadata.name must be at most {MAX_MULTI_NODE_DD_NAME_LENGTH} characters when a pool spans several "
+    "nodes (its LeaderWorkerSet's worker StatefulSets NAME-prefill-lws-GROUP must fit in 52)"
+)
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -1032,6 +1041,11 @@ class DisaggregatedDeploymentSpec(ApiModel):
 # ----------------------------------------------------------------------------------------------- object
 
 
+def _cel_multi_node(role: RoleName) -> str:
+    par = f"self.spec.{role}.parallelism"
+    return f"(has({par}) && {par}.nodesPerReplica > 1)"
+
+
 class DisaggregatedDeployment(ApiModel):
     """A model served with prefill and decode disaggregated: a prefill pool, a decode pool and a router."""
 
@@ -1042,6 +1056,11 @@ class DisaggregatedDeployment(ApiModel):
                     f"self.metadata.name.size() <= {MAX_DD_NAME_LENGTH}",
                     f"metadata.name must be at most {MAX_DD_NAME_LENGTH} characters (child names append "
                     "-prefill-headless and must fit in 63)",
+                ),
+                _rule(
+                    f"!({_cel_multi_node('prefill')} || {_cel_multi_node('decode')})"
+                    f" || self.metadata.name.size() <= {MAX_MULTI_NODE_DD_NAME_LENGTH}",
+                    MULTI_NODE_NAME_TOO_LONG,
                 ),
                 _rule(
                     f"self.metadata.name.matches('{DNS1035_LABEL}')",
@@ -1072,6 +1091,9 @@ class DisaggregatedDeployment(ApiModel):
                 f"metadata.name must be at most {MAX_DD_NAME_LENGTH} characters (child names append "
                 "-prefill-headless and must fit in 63)"
             )
+        multi_node = any(self.spec.role(role).multi_node for role in ROLE_NAMES)
+        if multi_node and len(name) > MAX_MULTI_NODE_DD_NAME_LENGTH:
+            raise ValueError(MULTI_NODE_NAME_TOO_LONG)
         if not re.match(DNS1035_LABEL, name):
             raise ValueError(
                 f"metadata.name {name!r} must be a DNS-1035 label (lower case letters, digits and '-', "

@@ -24,13 +24,18 @@ from disagg.render.engines import (
     hf_hub_cache_env,
     hf_token_env,
 )
+from disagg.render.lws import API_VERSION as LWS_API_VERSION
+from disagg.render.lws import KIND as LWS_KIND
+from disagg.render.lws import Member
 from disagg.render.names import (
     DEPLOYMENT_LABEL,
+    GROUP_ROLE_LABEL,
     ROLE_LABEL,
     Component,
     child_name,
     headless_name,
     labels,
+    lws_name,
     model_download_job_name,
     selector_labels,
 )
@@ -153,14 +158,15 @@ def _quantities(values: dict[str, Any]) -> dict[str, str]:
 
 
 def engine_resources(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
-    """The role's resources with nvidia.com/gpu = GPUs per replica in both requests and limits, and the
-    RDMA device-plugin resource when spec.kvTransfer.rdma is set (extended resources need both)."""
+    """The role's resources with nvidia.com/gpu = GPUs per pod (per replica on one node) in both requests
+    and limits, and the RDMA device-plugin resource when spec.kvTransfer.rdma is set (extended resources
+    need both): every pod of a multi-node group gets both."""
     role_spec = dd.spec.role(role)
     given = role_spec.resources.to_api() if role_spec.resources else {}
     requests = _quantities(given.get("requests", {}))
     limits = _quantities(given.get("limits", {}))
-    requests[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
-    limits[GPU_RESOURCE] = str(role_spec.gpus_per_replica)
+    requests[GPU_RESOURCE] = str(role_spec.gpus_per_node)
+    limits[GPU_RESOURCE] = str(role_spec.gpus_per_node)
     rdma = dd.spec.kv_transfer.rdma
     if rdma is not None:
         requests[rdma.resource_name] = str(rdma.count)
@@ -171,21 +177,45 @@ def engine_resources(dd: DisaggregatedDeployment, role: RoleName) -> Obj:
 # -------------------------------------------------------------------------------------------- engines
 
 
+def pod_labels(dd: DisaggregatedDeployment, role: RoleName, member: Member = "single") -> dict[str, str]:
+    """Labels of a pool's pods; a LeaderWorkerSet group's say which pod is the leader."""
+    if member == "single":
+        return labels(dd.name, role)
+    return {**labels(dd.name, role), GROUP_ROLE_LABEL: member}
+
+
+def serving_selector(dd: DisaggregatedDeployment, role: RoleName) -> dict[str, str]:
+    """The pods of a pool that serve HTTP: all of them, or the leaders of a multi-node pool's groups (the
+    workers run no API server), which the role Services and the router select."""
+    selector = selector_labels(dd.name, role)
+    if dd.spec.role(role).multi_node:
+        selector[GROUP_ROLE_LABEL] = "leader"
+    return selector
+
+
 def build_engine_pod_template(
-    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings = DEFAULT_SETTINGS
+    dd: DisaggregatedDeployment,
+    role: RoleName,
+    settings: RenderSettings = DEFAULT_SETTINGS,
+    member: Member = "single",
 ) -> Obj:
-    """The pod template of one pool: engine container, probes, graceful drain, /dev/shm, placement."""
+    """The pod template of one pool: engine container, probes, graceful drain, /dev/shm, placement.
+
+    ``member``: the pod of a single-node replica, or the leader or a worker of a multi-node replica's
+    LeaderWorkerSet group. Every pod of a group gets the GPUs of one node, the RDMA device and network
+    and the KV connector's wiring; a worker, which serves no HTTP, has no probes and is not scraped.
+    """
     role_spec = dd.spec.role(role)
     module = engine_module(dd)
     probes = module.probes(settings)
-    engine: EngineContainer = engine_container(dd, role, settings)
+    engine: EngineContainer = engine_container(dd, role, settings, member)
     port = engine.http_port
-    annotations = {
+    scrape = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
-        **engine.annotations,
     }
+    annotations = {**(scrape if engine.serves_http else {}), **engine.annotations}
     rdma = dd.spec.kv_transfer.rdma
     if rdma is not None and rdma.networks:
         annotations[MULTUS_NETWORKS_ANNOTATION] = rdma.networks
@@ -197,20 +227,23 @@ def build_engine_pod_template(
         "env": dedupe_env([POD_NAMESPACE_ENV, *engine.env, *_env(dd.spec.engine.env), *_env(role_spec.env)]),
         "ports": engine.ports,
         "resources": engine_resources(dd, role),
-        "startupProbe": _http_probe(
+    }
+    if engine.serves_http:
+        container["startupProbe"] = _http_probe(
             probes.startup,
             settings.startup_period_seconds,
             max(1, role_spec.startup_timeout_seconds // settings.startup_period_seconds),
-        ),
-        "readinessProbe": _http_probe(
+        )
+        container["readinessProbe"] = _http_probe(
             probes.readiness, settings.readiness_period_seconds, settings.readiness_failure_threshold
-        ),
-        "livenessProbe": _http_probe(
+        )
+        container["livenessProbe"] = _http_probe(
             probes.liveness, settings.liveness_period_seconds, settings.liveness_failure_threshold
-        ),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(role_spec.pre_stop_sleep_seconds)]}}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *engine.volume_mounts],
+        )
+    container["lifecycle"] = {
+        "preStop": {"exec": {"command": ["sleep", str(role_spec.pre_stop_sleep_seconds)]}}
     }
+    container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}, *engine.volume_mounts]
     if dd.spec.engine.image_pull_policy:
         container["imagePullPolicy"] = dd.spec.engine.image_pull_policy
     if rdma is not None:
@@ -234,13 +267,16 @@ def build_engine_pod_template(
     if role_spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
     template: Obj = {
-        "metadata": {"labels": labels(dd.name, role), "annotations": annotations},
+        "metadata": {"labels": pod_labels(dd, role, member), "annotations": annotations},
         "spec": pod_spec,
     }
     if role_spec.pod_template:
         template = deep_merge(template, role_spec.pod_template)
         # The selector must keep matching whatever the override did to the labels.
-        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(dd.name, role)}
+        template["metadata"]["labels"] = {
+            **template["metadata"].get("labels", {}),
+            **pod_labels(dd, role, member),
+        }
     return template
 
 
@@ -263,18 +299,61 @@ def build_role_deployment(
     }
 
 
+def build_role_lws(
+    dd: DisaggregatedDeployment, role: RoleName, replicas: int, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    """The LeaderWorkerSet of a pool whose replicas span several nodes: one group per replica, a leader
+    and nodesPerReplica - 1 workers (leaderworkerset.x-k8s.io/v1, kubernetes-sigs/lws
+    api/leaderworkerset/v1/leaderworkerset_types.go).
+
+    startupPolicy LeaderCreated: the workers start with the leader, not once it is Ready, because the
+    leader's engine becomes ready only when every rank of the group has joined (LeaderReady would wait
+    forever). restartPolicy RecreateGroupOnPodRestart: a rank that restarts has left the group's
+    collectives, so the whole group starts again. Rollouts surge one group, like the Deployments.
+    """
+    role_spec = dd.spec.role(role)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": _metadata(dd, lws_name(dd.name, role), role),
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "leaderWorkerTemplate": {
+                "size": role_spec.nodes_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": build_engine_pod_template(dd, role, settings, "leader"),
+                "workerTemplate": build_engine_pod_template(dd, role, settings, "worker"),
+            },
+        },
+    }
+
+
+def build_role_workload(
+    dd: DisaggregatedDeployment, role: RoleName, replicas: int, settings: RenderSettings = DEFAULT_SETTINGS
+) -> Obj:
+    """A pool's replicas: a Deployment of single-node replicas, or a LeaderWorkerSet of multi-node ones."""
+    if dd.spec.role(role).multi_node:
+        return build_role_lws(dd, role, replicas, settings)
+    return build_role_deployment(dd, role, replicas, settings)
+
+
 def build_prefill_deployment(
     dd: DisaggregatedDeployment, replicas: int | None = None, settings: RenderSettings = DEFAULT_SETTINGS
 ) -> Obj:
     count = dd.spec.prefill.replicas if replicas is None else replicas
-    return build_role_deployment(dd, "prefill", count, settings)
+    return build_role_workload(dd, "prefill", count, settings)
 
 
 def build_decode_deployment(
     dd: DisaggregatedDeployment, replicas: int | None = None, settings: RenderSettings = DEFAULT_SETTINGS
 ) -> Obj:
     count = dd.spec.decode.replicas if replicas is None else replicas
-    return build_role_deployment(dd, "decode", count, settings)
+    return build_role_workload(dd, "decode", count, settings)
 
 
 def _service_ports(container_ports: list[Obj]) -> list[Obj]:
@@ -291,10 +370,10 @@ def build_role_service(
     settings: RenderSettings = DEFAULT_SETTINGS,
 ) -> Obj:
     """``NAME-ROLE`` (ClusterIP, the engine's http port) or ``NAME-ROLE-headless`` (every engine port,
-    one DNS record per ready pod, for discovery)."""
+    one DNS record per ready pod, for discovery); of a multi-node pool, its groups' leaders only."""
     engine = engine_container(dd, role, settings)
     ports = engine.ports if headless else engine.ports[:1]
-    spec: Obj = {"selector": selector_labels(dd.name, role), "ports": _service_ports(ports)}
+    spec: Obj = {"selector": serving_selector(dd, role), "ports": _service_ports(ports)}
     if headless:
         spec["clusterIP"] = "None"
     name = headless_name(dd.name, role) if headless else child_name(dd.name, role)
@@ -322,7 +401,12 @@ def router_image(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT
 
 
 def _selector_args(dd: DisaggregatedDeployment, role: RoleName) -> list[str]:
-    return [f"{DEPLOYMENT_LABEL}={dd.name}", f"{ROLE_LABEL}={role}"]
+    """The router's pod selector of a pool: its pods, or of a multi-node pool its groups' leaders only
+    (the workers serve no HTTP; the leader serves the whole group)."""
+    args = [f"{DEPLOYMENT_LABEL}={dd.name}", f"{ROLE_LABEL}={role}"]
+    if dd.spec.role(role).multi_node:
+        args.append(f"{GROUP_ROLE_LABEL}=leader")
+    return args
 
 
 def router_command(dd: DisaggregatedDeployment, settings: RenderSettings = DEFAULT_SETTINGS) -> list[str]:

@@ -2,7 +2,11 @@
 
 Children of a DisaggregatedDeployment ``NAME``: Deployments and Services ``NAME-prefill``,
 ``NAME-decode``, ``NAME-router``; headless Services ``NAME-prefill-headless`` and
-``NAME-decode-headless``; with spec.model.cache, the download Job ``NAME-download-HASH`` (one per model
+``NAME-decode-headless``; for a pool whose replicas span several nodes, a LeaderWorkerSet
+``NAME-prefill-lws`` / ``NAME-decode-lws`` instead of its Deployment (not ``NAME-ROLE``: the LeaderWorkerSet
+controller creates its headless Service under the LeaderWorkerSet's name, and leaves it to an existing
+Service of that name, which would be our ClusterIP ``NAME-ROLE``: the leader address would not resolve);
+with spec.model.cache, the download Job ``NAME-download-HASH`` (one per model
 id and revision) and, when the operator creates it, the PersistentVolumeClaim spec.model.cache.claimName.
 Every child and pod carries :func:`labels`.
 """
@@ -17,10 +21,19 @@ Component = Literal["prefill", "decode", "router", "model-cache"]
 MANAGED_BY = "disagg-operator"
 ROLE_LABEL = "disagg.dev/role"
 DEPLOYMENT_LABEL = "disagg.dev/deployment"
+# On the pods of a LeaderWorkerSet group: "leader" (the pod that serves HTTP, which Services and the
+# router select) or "worker".
+GROUP_ROLE_LABEL = "disagg.dev/group-role"
+LWS_SUFFIX = "-lws"
 
 
 def child_name(dd_name: str, component: Component) -> str:
     return f"{dd_name}-{component}"
+
+
+def lws_name(dd_name: str, component: Component) -> str:
+    """The LeaderWorkerSet of a multi-node pool (see the module docstring for why not ``NAME-ROLE``)."""
+    return f"{dd_name}-{component}{LWS_SUFFIX}"
 
 
 def headless_name(dd_name: str, component: Component) -> str:

@@ -50,6 +50,13 @@ class RenderSettings:
     vllm_port: int = 8000  # `vllm serve --port` default (vLLM CLI docs)
     sglang_port: int = 30000  # `sglang.launch_server --port` default (sglang server_args.py)
     router_metrics_port: int = 29000  # sglang_router --prometheus-port default
+    # Multi-node replicas (LeaderWorkerSet groups): vLLM's data-parallel coordinator on the leader, at its
+    # --data-parallel-rpc-port default (vllm 0.33.0 wheel, vllm/config/parallel.py data_parallel_rpc_port);
+    # SGLang's torch.distributed rendezvous on the leader (--dist-init-addr HOST:PORT), which also takes
+    # the next seven ports for its inter-node ZMQ sockets (sglang 0.5.23 wheel, sglang/srt/server_args.py
+    # PortArgs: port_base = dist_init_port + 1, NUM_DERIVED_PORTS = 6).
+    vllm_data_parallel_rpc_port: int = 29550
+    sglang_dist_init_port: int = 20000
 
     # --- probes (per engine) -------------------------------------------------------------------------
     # vLLM: GET /health awaits engine_client.check_health(), a check of the engine-core's state that

@@ -27,6 +27,7 @@ from disagg.render.engines.base import (
     model_volumes,
     quantity_bytes,
 )
+from disagg.render.lws import Member
 from disagg.render.routers import router_module
 from disagg.render.settings import RenderSettings
 
@@ -38,11 +39,12 @@ def engine_module(dd: DisaggregatedDeployment) -> EngineModule:
 
 
 def engine_container(
-    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
+    dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings, member: Member = "single"
 ) -> EngineContainer:
-    """The engine-specific parts of one pool, user args and env appended last (so they win)."""
-    container = engine_module(dd).container(dd, role, settings)
-    if container.bootstrap_port is not None:
+    """The engine-specific parts of one pool's pod (``member``: the pod of a single-node replica, or the
+    leader or a worker of a multi-node one), user args and env appended last (so they win)."""
+    container = engine_module(dd).container(dd, role, settings, member)
+    if container.bootstrap_port is not None and container.serves_http:
         # Each router reads the prefill bootstrap port from its own annotation.
         container.annotations[router_module(dd).bootstrap_annotation] = str(container.bootstrap_port)
     container.env = model_env(dd) + container.env

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from disagg.api.deployment import DisaggregatedDeployment, RoleName
 from disagg.api.support import Engine
+from disagg.render.lws import Member
 from disagg.render.podparts import Obj, pod_ip_env, port
 from disagg.render.settings import EngineProbes, RenderSettings
 
@@ -55,6 +56,7 @@ class EngineContainer:
     volumes: list[Obj] = field(default_factory=list)
     volume_mounts: list[Obj] = field(default_factory=list)
     bootstrap_port: int | None = None  # the prefill pod's bootstrap port, annotated for the router
+    serves_http: bool = True  # False on a LeaderWorkerSet worker: no API server, so no probes or scraping
 
     @property
     def http_port(self) -> int:
@@ -76,7 +78,7 @@ class EngineModule(Protocol):
     def shm_size(self, settings: RenderSettings) -> str: ...
 
     def container(
-        self, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings
+        self, dd: DisaggregatedDeployment, role: RoleName, settings: RenderSettings, member: Member = "single"
     ) -> EngineContainer: ...
 
 
