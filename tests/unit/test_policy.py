@@ -723,6 +723,15 @@ def test_a_saturated_prefill_pool_teaches_the_model_its_real_capacity() -> None:
     # it kept up, and its throughput says nothing about its capacity
     keeping_up = replace(busy, request_rate=Measured.of(10.0))
     assert saturated_prefill_correction(keeping_up, service, 2000.0) is None
+    # the engines count cached prompt tokens too: with half of each 4000-token prompt a prefix-cache
+    # hit, the 20k tokens/s the counter shows are 10k computed (5k per replica against the model's 20k:
+    # x4), where reading the counter as computed tokens would say x2
+    half_cached = replace(
+        busy,
+        prompt_tokens_mean=Measured.of(4000.0),
+        prefill=replace(busy.prefill, prefix_hit_rate=Measured.of(0.5)),
+    )
+    assert saturated_prefill_correction(half_cached, service, 2000.0) == pytest.approx(4.0)
 
 
 def test_a_saturated_pool_raises_the_correction_only_once_it_served_a_window_at_its_size() -> None:

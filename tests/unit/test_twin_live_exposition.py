@@ -211,3 +211,21 @@ def test_one_two_five_buckets() -> None:
 def test_unknown_engine_is_rejected_by_name() -> None:
     with pytest.raises(ValueError, match="engine"):
         make_metrics("trtllm", "m", 10)  # type: ignore[arg-type]
+
+
+def test_vllm_prompt_tokens_count_cached_tokens_and_split_them_by_source() -> None:
+    # vllm 0.33.0 wheel, vllm/v1/metrics/stats.py: vllm:prompt_tokens is PromptTokenStats.total (computed +
+    # local cache hits + external KV), vllm:prompt_tokens_by_source splits it by the label source
+    metrics = VllmMetrics("m", max_model_len=4096)
+    metrics.record_prefix_cache(queried_tokens=2048, hit_tokens=512, computed_tokens=1536)
+    metrics.record_step_tokens(prompt_tokens=1536, generation_tokens=0)
+    metrics.record_step_tokens(prompt_tokens=0, generation_tokens=7)
+    families = {f.name: f for f in text_string_to_metric_families(render(metrics).decode())}
+    total = [s.value for s in families["vllm:prompt_tokens"].samples if s.name.endswith("_total")]
+    assert total == [2048]
+    by_source = {
+        s.labels["source"]: s.value
+        for s in families["vllm:prompt_tokens_by_source"].samples
+        if s.name.endswith("_total")
+    }
+    assert by_source == {"local_compute": 1536, "local_cache_hit": 512, "external_kv_transfer": 0}

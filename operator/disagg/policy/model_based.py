@@ -363,6 +363,10 @@ def saturated_prefill_correction(obs: Observation, service: PrefillService, comp
     ready = obs.prefill.ready
     if waiting is None or throughput is None or rate is None or ready <= 0 or throughput <= 0:
         return None
+    # the engines count every prompt token, prefix-cache hits included (vllm 0.33.0
+    # vllm/v1/metrics/stats.py: vllm:prompt_tokens is PromptTokenStats.total; sglang 0.5.23
+    # metrics_collector.py: the request's prompt_tokens): the computed ones are that share of it
+    throughput *= computed_share(obs)
     if waiting <= 2 * ready or throughput >= FALLING_BEHIND * rate * computed:
         return None
     modelled = computed / service.mean_s  # prompt tokens/s one replica computes at full batches

@@ -68,7 +68,9 @@ class RoleObservation:
     kv_usage: Measured = MISSING  # mean KV-cache usage fraction 0..1 over the pool
     queue_time: Measured = MISSING  # engine queue time at the policy percentile (s)
     compute_time: Measured = MISSING  # mean prefill time (prefill pool) or per-token decode time (decode), s
-    token_throughput: Measured = MISSING  # prompt tokens/s (prefill) or generated tokens/s (decode)
+    # prompt tokens/s (prefill; every prompt token, prefix-cache hits included, as the engines count them)
+    # or generated tokens/s (decode)
+    token_throughput: Measured = MISSING
     # fraction of prompt tokens served from the prefix cache over the window (0..1): those tokens cost
     # no prefill compute (vLLM prefix_cache_hits / prefix_cache_queries; SGLang cache_hit_rate)
     prefix_hit_rate: Measured = MISSING

@@ -304,7 +304,12 @@ class Simulator:
         for role, spec in roles:
             assert spec is not None
             lat = load_latency_model(
-                deployment.model, deployment.gpu, spec.tp, deployment.dtype, deployment.kv_dtype
+                deployment.model,
+                deployment.gpu,
+                spec.tp,
+                deployment.dtype,
+                deployment.kv_dtype,
+                spec.parallelism(),
             )
             pool = Pool(role, spec, lat, deployment.prefix_caching and role != "decode")
             self.pools[role] = pool
@@ -314,7 +319,7 @@ class Simulator:
         ovh = deployment.request_overhead_s
         self.frontend_s = self.first_pool.latency.runtime.request_overhead_s if ovh is None else ovh
         self.gpu_seconds = 0.0
-        self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
+        self._gpu_alloc = sum(p.allocated() * p.spec.gpus_per_replica for p in self.pools.values())
         self._gpu_t = 0.0
         self.window = Window(0.0)
         keep = max(1, round((window_s or interval_s) / interval_s))
@@ -358,7 +363,7 @@ class Simulator:
     def _account_gpus(self) -> None:
         self.gpu_seconds += self._gpu_alloc * (self.now - self._gpu_t)
         self._gpu_t = self.now
-        self._gpu_alloc = sum(p.allocated() * p.spec.tp for p in self.pools.values())
+        self._gpu_alloc = sum(p.allocated() * p.spec.gpus_per_replica for p in self.pools.values())
 
     def _log_replicas(self) -> None:
         self.replica_log.append(
@@ -558,7 +563,10 @@ class Simulator:
             serving = [r for r in pool.replicas if r.state in ("ready", "draining")]
             if role == "prefill" or pool.role == "colocated":
                 compute = m(w.prefill_time, np.mean)
-                thr = Measured.of(w.prompt_tokens / span) if serving else MISSING
+                # every prompt token, cached ones included, as vLLM's vllm:prompt_tokens_total and
+                # SGLang's sglang:prompt_tokens_total count them (see disagg.twin.live.exposition)
+                total = w.prompt_tokens + w.prefix_hit_tokens
+                thr = Measured.of(total / span) if serving else MISSING
             else:
                 compute = Measured.of(w.itl.mean) if w.itl.total else MISSING
                 thr = Measured.of(w.generated_tokens / span) if serving else MISSING
@@ -567,7 +575,7 @@ class Simulator:
                 replicas=pool.target,
                 ready=len(ready),
                 pending=0,
-                gpus_per_replica=pool.spec.tp,
+                gpus_per_replica=pool.spec.gpus_per_replica,
                 queue_depth=Measured.of(float(waiting)),
                 running=Measured.of(float(sum(r.core.num_running for r in serving))) if serving else MISSING,
                 kv_usage=m([r.core.kv_usage for r in serving], np.mean),

@@ -12,7 +12,11 @@ Sources (checked with the code search, names/labels/buckets transcribed, no code
   counters ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (exposed with ``_total``), in
   tokens: a request adds its prompt tokens to queries and its locally cached tokens to hits once, when
   the scheduler admits it (vllm 0.33.0 wheel, vllm/v1/metrics/loggers.py and
-  vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``).
+  vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``). ``vllm:prompt_tokens`` counts every
+  prompt token, cached ones included (``IterationStats.num_prompt_tokens`` is
+  ``prompt_token_stats.total``), and ``vllm:prompt_tokens_by_source`` splits it by the label ``source``:
+  ``local_compute``, ``local_cache_hit``, ``external_kv_transfer`` (vllm 0.33.0 wheel,
+  vllm/v1/metrics/stats.py ``PromptTokenStats``, vllm/v1/metrics/loggers.py).
 - SGLang: sgl-project/sglang ``python/sglang/srt/metrics/collector.py`` (``TokenizerMetricsCollector``
   and ``SchedulerMetricsCollector``) and ``docs/references/production_metrics.md``: label
   ``model_name``; ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
@@ -160,6 +164,16 @@ class VllmMetrics:
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*labelnames, "source"],
+            registry=reg,
+        )
+        self.prompt_tokens_by_source = {
+            source: by_source.labels(**values, source=source)
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer")
+        }
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.prefix_cache_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
@@ -233,6 +247,7 @@ class VllmMetrics:
 
     def record_step_tokens(self, prompt_tokens: int, generation_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)
+        self.prompt_tokens_by_source["local_compute"].inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
         if prompt_tokens + generation_tokens > 0:
             self.iteration_tokens.observe(prompt_tokens + generation_tokens)
@@ -244,6 +259,9 @@ class VllmMetrics:
         del computed_tokens  # vLLM counts lookups, not the batch's computed tokens
         self.prefix_cache_queries.inc(queried_tokens)
         self.prefix_cache_hits.inc(hit_tokens)
+        # cached prompt tokens count in vllm:prompt_tokens too (its total), under source local_cache_hit
+        self.prompt_tokens.inc(hit_tokens)
+        self.prompt_tokens_by_source["local_cache_hit"].inc(hit_tokens)
 
     def record_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
