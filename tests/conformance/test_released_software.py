@@ -470,3 +470,52 @@ def test_image_of_another_version_is_found(released_facts: ReleasedFacts) -> Non
 
     new = _new_findings(_children(_first_accepted("sglang")), mutate, released_facts)
     assert _kinds(new) == {("image", "lmsysorg/sglang:v0.5.22"), ("image", "lmsysorg/sglang:v0.5.23")}
+
+
+# ------------------------------------------------------------------ multi-node (LeaderWorkerSet) groups
+
+
+def _wide_ep(engine: str) -> list[Obj]:
+    doc = yaml.safe_load((ROOT / "examples" / f"deepseek-r1-wideep-{engine}.yaml").read_text())
+    return render_children(DisaggregatedDeployment.model_validate(doc))
+
+
+def _worker(children: list[Obj], role: str) -> Obj:
+    lws = next(c for c in children if c["kind"] == "LeaderWorkerSet" and c["metadata"]["name"].endswith(role))
+    container: Obj = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_worker_templates_flags_are_checked(engine: str, released_facts: ReleasedFacts) -> None:
+    def mutate(children: list[Obj]) -> None:
+        worker = _worker(children, "-decode-lws")
+        worker["args"] = [*worker["args"], "--made-up-multi-node-flag"]
+
+    new = _new_findings(_wide_ep(engine), mutate, released_facts)
+    assert [(f.kind, f.item) for f in new] == [("flag", "--made-up-multi-node-flag")]
+    assert new[0].obj.endswith("-decode-lws")
+
+
+def test_the_vllm_workers_shell_flags_are_checked(released_facts: ReleasedFacts) -> None:
+    def mutate(children: list[Obj]) -> None:
+        worker = _worker(children, "-prefill-lws")
+        worker["command"] = [*worker["command"][:2], worker["command"][2].replace("start-rank", "start-rnk")]
+
+    new = _new_findings(_wide_ep("vllm"), mutate, released_facts)
+    # the unknown flag, then its value (worker index 1 x 8 local ranks) as a stray argument
+    assert [(f.kind, f.item) for f in new][:1] == [("flag", "--data-parallel-start-rnk")]
+    assert "did you mean --data-parallel-start-rank?" in new[0].why
+
+
+def test_a_router_selecting_workers_is_found(
+    released_facts: ReleasedFacts, parse_router: ParseRouter
+) -> None:
+    def mutate(children: list[Obj]) -> None:
+        router = _container(children, "-router")[1]
+        router["command"] = [a for a in router["command"] if a != "disagg.dev/group-role=leader"]
+
+    for engine in ("vllm", "sglang"):
+        new = _new_findings(_wide_ep(engine), mutate, released_facts, parse_router)
+        assert {f.item.split(" ")[0] for f in new} == {"--prefill-selector", "--decode-selector"}, engine
+        assert all("serve no HTTP" in f.why for f in new), engine

@@ -22,6 +22,11 @@ What is checked, per container of every Deployment (recognised by its command li
   to false.
 - images: the container's image tag is the version the facts come from (a custom image is reported:
   what it runs was not checked).
+- LeaderWorkerSets (multi-node replicas): the leader and worker templates are checked like a
+  Deployment's, with the variables the LeaderWorkerSet webhook adds to every container (LWS_LEADER_ADDRESS,
+  LWS_GROUP_SIZE, LWS_WORKER_INDEX) defined; a worker's ``sh -c 'exec "$0" "$@" FLAGS' PROGRAM ARGS...``
+  wrapper is unwrapped (PROGRAM ARGS... FLAGS, ``$((VAR * N))`` evaluated) so its engine flags are checked
+  too. Workers serve no HTTP: the router must not select them, and only leaders pair with it.
 - routers: the whole argv is parsed by the released router's own launcher (``parse_router``); the
   prefill pods of a deployment carry the bootstrap-port annotation the deployed router reads
   (``RouterArgs.bootstrap_port_annotation``), with the port the engine's bootstrap server listens on;
@@ -35,6 +40,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -109,6 +115,54 @@ class _Engine:
     annotations: dict[str, str]
     labels: dict[str, str]
     namespace: str
+    worker: bool = False  # a LeaderWorkerSet worker pod: serves no HTTP, never routed to
+
+
+# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): the templates of a group, and the variables its pod webhook
+# adds to every container (kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go:
+# LwsLeaderAddress, LwsGroupSize, LwsWorkerIndex), with stand-in values for $(VAR) expansion.
+LWS_KIND = "LeaderWorkerSet"
+# A worker's shell wrapper: the argv after the script, then the script's own flags (disagg.render vLLM).
+_SHELLS = ("sh", "bash")
+_WRAPPER = re.compile(r'^exec "\$0" "\$@"(?P<rest>( [^;&|`]*)?)$')
+_ARITHMETIC = re.compile(r"\$\(\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\*\s*([0-9]+)\s*\)\)")
+
+
+def _lws_env(obj: Obj, worker: bool) -> dict[str, str]:
+    name = obj.get("metadata", {}).get("name", "lws")
+    namespace = obj.get("metadata", {}).get("namespace") or "default"
+    size = (obj.get("spec", {}).get("leaderWorkerTemplate") or {}).get("size", 1)
+    return {
+        "LWS_LEADER_ADDRESS": f"{name}-0.{name}.{namespace}",
+        "LWS_GROUP_SIZE": str(size),
+        "LWS_WORKER_INDEX": "1" if worker else "0",
+    }
+
+
+def unwrap_shell(argv: list[str], env: Mapping[str, str]) -> tuple[list[str], str | None]:
+    """``[sh, -c, 'exec "$0" "$@" FLAGS', PROGRAM, ARGS...]`` -> ``[PROGRAM, ARGS..., FLAGS...]`` with
+    ``$((VAR * N))`` evaluated from ``env``; other argv unchanged. The second value says why a shell
+    wrapper could not be read (then the argv is returned as it was)."""
+    if len(argv) < 4 or PurePosixPath(argv[0]).name not in _SHELLS or argv[1] != "-c":
+        return argv, None
+    match = _WRAPPER.match(argv[2])
+    if match is None:
+        return argv, f'a shell script other than \'exec "$0" "$@" FLAGS\': {argv[2]!r}'
+
+    def evaluate(found: re.Match[str]) -> str:
+        value = env.get(found.group(1))
+        return (
+            str(int(value) * int(found.group(2))) if value is not None and value.isdigit() else found.group(0)
+        )
+
+    rest = _ARITHMETIC.sub(evaluate, match.group("rest") or "")
+    try:
+        flags = shlex.split(rest)
+    except ValueError as error:
+        return argv, f"unreadable shell flags {rest!r}: {error}"
+    if any("$" in flag for flag in flags):
+        return argv, f"a shell expansion the check can't evaluate in {rest!r}"
+    return [*argv[3:], *flags], None
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -118,13 +172,23 @@ def _obj_name(obj: Obj) -> str:
     return f"{obj.get('kind', '?')}/{obj.get('metadata', {}).get('name', '?')}"
 
 
-def _pod_templates(children: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
+def _pod_templates(children: list[Obj]) -> Iterator[tuple[Obj, Obj, bool | None]]:
+    """(object, pod template, whether it is a LeaderWorkerSet's worker template: None outside one)."""
     for obj in children:
+        if obj.get("kind") == LWS_KIND:
+            group = obj.get("spec", {}).get("leaderWorkerTemplate") or {}
+            worker = group.get("workerTemplate")
+            leader = group.get("leaderTemplate") or worker  # the worker template when not given
+            if isinstance(leader, dict):
+                yield obj, leader, False
+            if isinstance(worker, dict) and int(group.get("size", 1)) > 1:
+                yield obj, worker, True
+            continue
         template = obj.get("spec", {}).get("template")
         if obj.get("kind") in ("Deployment", "StatefulSet", "DaemonSet", "Job") and isinstance(
             template, dict
         ):
-            yield obj, template
+            yield obj, template, None
 
 
 def _env_values(container: Obj, namespace: str) -> dict[str, str]:
@@ -534,6 +598,8 @@ def _check_pairing(
     facts: ReleasedFacts,
 ) -> list[Finding]:
     findings: list[Finding] = []
+    workers = [engine for engine in engines if engine.worker]
+    engines = [engine for engine in engines if not engine.worker]  # a worker is never routed to
     for router_obj, package, router_container, _argv, parsed in routers:
         router_name = str(router_container.get("name", ""))
         router = facts.routers[package]
@@ -598,6 +664,7 @@ def _check_pairing(
                     break
         if parsed is not None and parsed.ok and parsed.args.get("service_discovery"):
             findings += _check_discovery(router_obj, router_name, package, router, parsed, engines)
+            findings += _check_leaders_only(router_obj, router_name, parsed, workers)
         for engine in engines:
             expected = "vllm" if package == "vllm-router" else "sglang"
             if engine.engine != expected:
@@ -671,6 +738,32 @@ def _check_discovery(
     return findings
 
 
+def _check_leaders_only(
+    router_obj: str, router_name: str, parsed: RouterParse, workers: list[_Engine]
+) -> list[Finding]:
+    """The router's discovery selects no LeaderWorkerSet worker (it serves no HTTP: the leader serves the
+    group)."""
+    findings: list[Finding] = []
+    for engine in workers:
+        for role in ("prefill", "decode"):
+            selector = parsed.args.get(f"{role}_selector") or {}
+            if (
+                isinstance(selector, dict)
+                and selector
+                and all(engine.labels.get(key) == value for key, value in selector.items())
+            ):
+                findings.append(
+                    Finding(
+                        router_obj,
+                        router_name,
+                        "router",
+                        f"--{role}-selector {' '.join(f'{k}={v}' for k, v in selector.items())}",
+                        f"selects the worker pods of {engine.obj}, which serve no HTTP (only the leaders do)",
+                    )
+                )
+    return findings
+
+
 def check_children(
     children: list[Obj], facts: ReleasedFacts, parse_router: ParseRouter | None = None
 ) -> list[Finding]:
@@ -683,10 +776,13 @@ def check_children(
     findings: list[Finding] = []
     engines: list[_Engine] = []
     routers: list[tuple[str, str, Obj, list[str], RouterParse | None]] = []
-    for obj, template in _pod_templates(children):
+    for obj, template, worker in _pod_templates(children):
         namespace = str(obj.get("metadata", {}).get("namespace") or "default")
         for container in template.get("spec", {}).get("containers") or []:
-            env = _env_values(container, namespace)
+            env = {
+                **(_lws_env(obj, bool(worker)) if worker is not None else {}),
+                **_env_values(container, namespace),
+            }
             raw = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
             argv: list[str] = []
             for arg in raw:
@@ -702,12 +798,18 @@ def check_children(
                     )
                     for var in missing
                 ]
+            argv, unreadable = unwrap_shell(argv, env)
+            if unreadable is not None:
+                findings.append(
+                    Finding(_obj_name(obj), container.get("name", ""), "shell", argv[0], unreadable)
+                )
             engine = _engine_of(argv)
             router = _router_of(argv)
             if engine is not None and engine in facts.engines:
                 parsed_engine, found = _check_engine_container(
                     obj, template, container, argv, facts.engines[engine]
                 )
+                parsed_engine.worker = bool(worker)
                 engines.append(parsed_engine)
                 findings += found
             elif router is not None and router in facts.routers:

@@ -217,7 +217,7 @@ def _apply_one(api: KubeApi, manifest: JsonDict, field_manager: str) -> tuple[in
 # Deployments, and PodDisruptionBudgets come last; within a wave the requests go out concurrently.
 # The download Job goes with the Deployments: after the claim it mounts.
 LATER_WAVES: tuple[tuple[str, ...], ...] = (
-    ("Deployment", "StatefulSet", "Job"),
+    ("Deployment", "StatefulSet", "LeaderWorkerSet", "Job"),
     ("PodDisruptionBudget",),
 )
 

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool = True
+    # Served by a CRD that a cluster may not have (LeaderWorkerSet): listing it there finds nothing
+    # instead of failing with 404, so clusters without it keep reconciling single-node pools.
+    optional: bool = False
 
     @property
     def group(self) -> str:
@@ -79,6 +83,8 @@ ROLEBINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"
 EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
 JOB = Kind("batch/v1", "Job", "jobs")  # the model cache's download Job
+# Multi-node pools (spec.<role>.parallelism.nodesPerReplica > 1): sigs.k8s.io/lws, its own CRD.
+LEADERWORKERSET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True)
 PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")  # the model cache's claim
 # The operator's own kinds, named where their models are (disagg.api).
 DISAGG_DEPLOYMENT = Kind(GROUP_VERSION, deployment_api.KIND, deployment_api.PLURAL)
@@ -98,6 +104,7 @@ CHILD_KINDS: tuple[Kind, ...] = (
     ROLEBINDING,
     JOB,
     PVC,
+    LEADERWORKERSET,
 )
 
 
@@ -240,7 +247,12 @@ class KubeApi:
 
     def list(self, kind: Kind, namespace: str | None, label_selector: str = "") -> list[JsonDict]:
         query = [("labelSelector", label_selector)] if label_selector else []
-        items = self.request("GET", kind.path(namespace), query=query).get("items") or []
+        try:
+            items = self.request("GET", kind.path(namespace), query=query).get("items") or []
+        except ApiException as error:
+            if kind.optional and error.status == HTTPStatus.NOT_FOUND:
+                return []  # the CRD is not installed: there is none
+            raise
         # List items carry no apiVersion/kind; put them back so the objects stand alone.
         return [{"apiVersion": kind.api_version, "kind": kind.kind, **item} for item in items]
 
