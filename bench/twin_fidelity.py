@@ -25,7 +25,15 @@ from disagg.twin.calibrate import (
     load_archs,
     read_forward_csv,
 )
-from disagg.twin.fidelity import AICONFIG, NIM_CONCURRENCY, NIM_SINGLE, TOLERANCE, closed_loop_latency
+from disagg.twin.fidelity import (
+    AICONFIG,
+    MOE_POINTS,
+    NIM_CONCURRENCY,
+    NIM_SINGLE,
+    TOLERANCE,
+    closed_loop_latency,
+    moe_throughput_per_node,
+)
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration"
 # source: NVIDIA H100 SXM (3.35 TB/s) and H200 (4.8 TB/s) datasheets (profiles/gpus.yaml).
@@ -128,12 +136,22 @@ def h200_rows() -> None:
                 )
 
 
+def moe_rows() -> None:
+    print("\n== MoE wide-EP P/D, tokens/s per node (steady-state steps; twin/fidelity.py MOE_POINTS) ==")
+    for p in MOE_POINTS:
+        twin, batch = moe_throughput_per_node(p)
+        unit = "tok/rank" if p.phase == "prefill" else "seq/rank"
+        why = p.known_miss or p.note
+        row(p.label[:58], twin / 1e3, p.published / 1e3, "k/s", f"batch {batch} {unit}; {why}".rstrip("; "))
+
+
 def main() -> int:
     print(f"{'point':<58} {'twin':>9} {'ref':>9}     {'diff':>7}")
     closed_loop_rows()
     splitwise_rows()
     vidur_rows()
     h200_rows()
+    moe_rows()
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -183,3 +184,36 @@ def _close(got: object, want: object, path: str) -> None:
         assert got == pytest.approx(want, rel=1e-6, abs=2e-6), path
     else:
         assert got == want, path
+
+
+def test_twin_document_with_wide_ep_pools_simulates() -> None:
+    from disagg.twin.profiles import check
+    from disagg.twin.sim import SimDeployment, simulate
+    from disagg.twin.traffic import Request
+
+    dep = SimDeployment.from_dict(
+        {
+            "model": "deepseek-ai/DeepSeek-R1",
+            "gpu": "h200",
+            "dtype": "fp8",
+            "prefill": {"replicas": 1, "tp": 1, "dp": 16, "ep": 16},
+            "decode": {"replicas": 1, "tp": 1, "dp": 16, "ep": 16},
+        }
+    )
+    assert dep.gpus == 32
+    check(dep)
+    reqs = [Request(i * 0.05, 2000, 100) for i in range(40)]
+    res = simulate(dep, reqs, seed=1)
+    assert len(res.ttft) == 40 and not np.isnan(res.e2e).any()
+    assert float(np.nanmax(res.ttft)) < 2.0  # 16 DP ranks prefill 2000-token prompts arriving at 20/s
+
+
+def test_deepseek_deployment_beyond_one_node_reads_as_wide_ep() -> None:
+    from disagg.twin.deployment import _layout
+
+    assert _layout(None, [], 16, moe=True) == {"tp": 8, "dp": 2, "ep": 16}
+    sglang = ["--tp", "16", "--dp", "16", "--enable-dp-attention", "--moe-a2a-backend", "deepep"]
+    assert _layout(None, sglang, 16, moe=True) == {"tp": 1, "dp": 16, "ep": 16, "overlap": False}
+    vllm = ["--data-parallel-size", "8", "--enable-expert-parallel", "--enable-dbo"]
+    assert _layout(None, vllm, 8, moe=True) == {"tp": 1, "dp": 8, "ep": 8, "overlap": True}
+    assert _layout(None, [], 4, moe=False) == {"tp": 4}

@@ -227,7 +227,7 @@ def simulate_deployment(
     ("text", "named"),
     [
         ("model: mistral-7b\nprefill: {replicas: 1}\ndecode: {replicas: 1}\n", "model 'mistral-7b'"),
-        (DD.read_text().replace("NVIDIA-H100-80GB-HBM3", "NVIDIA-B200"), "GPU 'NVIDIA-B200'"),
+        (DD.read_text().replace("NVIDIA-H100-80GB-HBM3", "NVIDIA-GB300"), "GPU 'NVIDIA-GB300'"),
         (
             "model: llama-3.1-70b\ngpu: h200\nprefill: {replicas: 1, tp: 2}\ndecode: {replicas: 1, tp: 8}\n",
             "llama-3.1-70b on h200 at TP2 bf16 (prefill pool)",

@@ -135,6 +135,7 @@ class MoeArch:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     table_model: str = ""
+    native_dtype: str = "bf16"
 
     @property
     def moe_layers(self) -> int:
@@ -435,6 +436,8 @@ def load_moe_latency_model(
     arch = load_moe_archs()[name]
     gs = load_gpu_spec(gpu)
     kind = normalize_dtype(dtype)
+    if kind == "bf16":  # bf16/auto on a checkpoint published quantized serves its quantized weights
+        kind = arch.native_dtype
     coef = load_profile_yaml("moe_coefficients.yaml")
     key = f"{name}/{gs.name}/{kind}"
     entry = coef["profiles"].get(key)

@@ -15,6 +15,7 @@ import yaml
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.perf.latency import resolve_gpu_name
+from disagg.perf.moe import Parallelism, resolve_moe_model
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
 from disagg.policy.bounds import DEFAULT_GPU, GPU_LABELS, bounds_for
 from disagg.policy.types import Bounds, Role, RoleBounds, ServingProfile
@@ -25,18 +26,38 @@ Routing = Literal["round_robin", "least_outstanding", "random"]
 
 @dataclass(frozen=True)
 class PoolSpec:
+    """A pool of identical replicas. A replica is ``tp x dp`` GPUs: ``dp`` data-parallel attention ranks
+    of ``tp`` GPUs each, the routed experts of a MoE model expert-parallel over all of them (``ep = tp x
+    dp``) or tensor-parallel (``ep = 1``), on nodes of ``gpus_per_node``; ``overlap``: two-batch overlap
+    of the all-to-all with compute (:class:`disagg.perf.moe.Parallelism`)."""
+
     replicas: int
     tp: int = 1
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     min_replicas: int = 1
     max_replicas: int = 1000
+    dp: int = 1
+    ep: int = 1
+    gpus_per_node: int = 8
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
             raise ValueError(f"replicas: must be >= 0, got {self.replicas}")
         if self.tp not in (1, 2, 4, 8):
             raise ValueError(f"tp: must be 1, 2, 4 or 8, got {self.tp}")
+        self.parallelism()  # dp, ep, gpus_per_node: ValueError naming the field
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.dp
+
+    def parallelism(self) -> Parallelism | None:
+        """The replica's parallelism for the MoE latency model; None for plain tensor parallelism."""
+        if (self.dp, self.ep, self.gpus_per_node, self.overlap) == (1, 1, 8, False):
+            return None
+        return Parallelism(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap)
 
 
 @dataclass(frozen=True)
@@ -82,15 +103,17 @@ class SimDeployment:
     @property
     def gpus(self) -> int:
         pools = [self.prefill, self.decode] if self.mode == "pd" else [self.colocated]
-        return sum(p.replicas * p.tp for p in pools if p is not None)
+        return sum(p.replicas * p.gpus_per_replica for p in pools if p is not None)
 
     def colocated_equivalent(self) -> SimDeployment:
         """A colocated deployment on the same GPUs (replicas of the decode pool's TP)."""
         if self.mode == "colocated":
             return self
         assert self.decode is not None
-        tp = self.decode.tp
-        spec = replace(self.decode, replicas=max(1, self.gpus // tp), max_replicas=1000, min_replicas=1)
+        per_replica = self.decode.gpus_per_replica
+        spec = replace(
+            self.decode, replicas=max(1, self.gpus // per_replica), max_replicas=1000, min_replicas=1
+        )
         return replace(self, mode="colocated", colocated=spec, prefill=None, decode=None)
 
     def policy_bounds(self) -> Bounds:
@@ -101,7 +124,9 @@ class SimDeployment:
             raise ValueError("policy bounds: the ratio policy needs a P/D deployment")
 
         def role(pool: PoolSpec) -> RoleBounds:
-            return RoleBounds(pool.min_replicas, pool.max_replicas, pool.tp, self.planned_startup_s)
+            return RoleBounds(
+                pool.min_replicas, pool.max_replicas, pool.gpus_per_replica, self.planned_startup_s
+            )
 
         profile = ServingProfile(self.model, self.gpu, self.prefill.tp, self.decode.tp, self.dtype)
         return Bounds(role(self.prefill), role(self.decode), self.max_gpus, profile)
@@ -119,12 +144,15 @@ class SimDeployment:
         profile = bounds.profile
         assert profile is not None  # bounds_for always reads the profile of a DisaggregatedDeployment
 
+        moe = resolve_moe_model(profile.model) is not None
+
         def pool(role: Role) -> PoolSpec:
             args = [*spec.engine.args, *spec.role(role).args]
             rb = bounds.role(role)
+            layout = _layout(getattr(spec.role(role), "parallelism", None), args, rb.gpus_per_replica, moe)
             return PoolSpec(
                 replicas=spec.role(role).replicas,
-                tp=rb.gpus_per_replica,
+                **layout,
                 max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
                 max_num_batched_tokens=_engine_arg(
                     args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS
@@ -140,7 +168,7 @@ class SimDeployment:
         return SimDeployment(
             model=profile.model,
             gpu=profile.gpu,
-            dtype=profile.dtype,
+            dtype=_weight_dtype(spec.model.quantization, profile.dtype),
             kv_dtype="fp8" if (kv or "auto").startswith("fp8") else "bf16",
             prefill=pool("prefill"),
             decode=pool("decode"),
@@ -202,6 +230,39 @@ class SimDeployment:
         if not isinstance(docs[0], dict):
             raise ValueError(f"deployment: {path} does not hold a mapping")
         return SimDeployment.from_dict(docs[0])
+
+
+def _weight_dtype(quantization: str | None, dtype: str) -> str:
+    """The policy's weight dtype (fp8 or bf16), or fp4 when the quantization names a 4-bit float format
+    (vLLM ``--quantization`` modelopt_fp4 / mxfp4 / nvfp4 checkpoints)."""
+    return "fp4" if quantization and "fp4" in quantization.lower() else dtype
+
+
+def _layout(parallelism: Any, args: Sequence[str], gpus: int, moe: bool) -> dict[str, Any]:
+    """A replica's tp/dp/ep/gpus_per_node/overlap for :class:`PoolSpec`: from the role's ``parallelism``
+    where the API has one, else the engine arguments (vLLM ``--data-parallel-size``,
+    ``--enable-expert-parallel``, ``--enable-dbo``; SGLang ``--dp`` with ``--enable-dp-attention``,
+    ``--ep``/``--ep-size``/``--moe-a2a-backend``, ``--enable-two-batch-overlap``), else ``gpus`` of tensor
+    parallelism (a MoE replica beyond one node: TP8 attention per node, experts over all GPUs)."""
+    if parallelism is not None:
+        tensor = int(getattr(parallelism, "tensor", None) or 1)
+        data = int(getattr(parallelism, "data", None) or 1)
+        expert = getattr(parallelism, "expert", None)
+        per_node = int(getattr(parallelism, "gpus_per_node", None) or 8)
+        ep = tensor * data if expert not in (None, False, 0, 1) else 1
+        return {"tp": tensor, "dp": data, "ep": ep, "gpus_per_node": per_node, "overlap": False}
+    present = set(a.split("=", 1)[0] for a in args)
+    overlap = bool(present & {"--enable-two-batch-overlap", "--enable-dbo"})
+    expert = bool(present & {"--enable-expert-parallel", "--ep", "--ep-size", "--moe-a2a-backend"})
+    dp = _engine_arg(args, "--data-parallel-size", 1)
+    if "--enable-dp-attention" in present:
+        dp = _engine_arg(args, "--dp", _engine_arg(args, "--dp-size", dp))
+    if dp > 1 or expert or overlap:
+        tp = max(1, gpus // max(1, dp))
+        return {"tp": tp, "dp": max(1, dp), "ep": tp * max(1, dp) if expert else 1, "overlap": overlap}
+    if moe and gpus > 8:
+        return {"tp": 8, "dp": gpus // 8, "ep": gpus}
+    return {"tp": gpus}
 
 
 def _selected_gpus(dd: DisaggregatedDeployment) -> dict[Role, str | None]:

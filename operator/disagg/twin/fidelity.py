@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from disagg.perf.latency import load_latency_model
+from disagg.perf.moe import Parallelism
 from disagg.twin.sim import ClosedLoop, PoolSpec, SimDeployment, simulate
 
 TOLERANCE = 0.25
@@ -91,3 +93,128 @@ def closed_loop_latency(
 
 def rel_err(pred: float, ref: float) -> float:
     return abs(pred - ref) / ref
+
+
+# --- MoE: published per-node throughputs of wide-EP P/D serving (held out: nothing is fitted to them) ----
+LMSYS_SOURCE = (
+    "LMSYS, 'Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs' "
+    "(2025-05-05): 52.3k input / 22.3k output tokens/s per node for 2000-token inputs; prefill on 4 nodes "
+    "(EP32), decode on 9 nodes (EP72), DP attention, DeepEP normal/low-latency, two-batch overlap, EPLB"
+)
+DEEPSEEK_SOURCE = (
+    "DeepSeek, 'Day 6: DeepSeek-V3/R1 Inference System Overview' (2025-03-01): per H800 node ~73.7k input "
+    "tokens/s in prefill incl. cache hits (56.3% of input tokens hit the on-disk KV cache), ~14.8k output "
+    "tokens/s in decode; prefill EP32/DP32, decode EP144/DP144, dual micro-batch overlap, 20-22 tokens/s per "
+    "user, average KV length 4989 per output token"
+)
+DEEPSEEK_CACHE_HIT = 0.563  # same source
+
+
+@dataclass(frozen=True)
+class MoeThroughputPoint:
+    """Steady-state tokens/s per node of one wide-EP pool, as published, and how the twin reproduces it:
+    prefill steps of ``per_rank`` tokens per rank made of ``isl``-token prompts; decode steps of ``per_rank``
+    sequences per rank at ``context`` tokens each, or (``per_rank == 0``) the batch whose step takes
+    ``itl_s`` (the per-user speed the source reports)."""
+
+    source: str
+    label: str
+    model: str
+    gpu: str
+    gpus: int
+    phase: str  # "prefill" or "decode"
+    isl: int
+    per_rank: int
+    published: float  # tokens/s per node
+    context: int = 0
+    itl_s: float = 0.0
+    counted_fraction: float = 1.0  # published tokens the GPUs computed (1 - cache-hit share)
+    known_miss: str = ""  # why the twin misses it, for a strict xfail
+    note: str = ""  # what else differs from the source's setup
+
+    def parallelism(self) -> Parallelism:
+        return Parallelism.wide_ep(self.gpus, overlap=True)
+
+
+MOE_POINTS: tuple[MoeThroughputPoint, ...] = (
+    MoeThroughputPoint(
+        LMSYS_SOURCE,
+        "SGLang DeepSeek-V3 prefill 4x8 H100 EP32, 2000-token inputs",
+        "deepseek-v3",
+        "h100",
+        32,
+        "prefill",
+        2000,
+        8192,
+        52_300,
+    ),
+    MoeThroughputPoint(
+        LMSYS_SOURCE,
+        "SGLang DeepSeek-V3 decode 9x8 H100 EP72, 2000-token inputs, 256 seqs/rank (assumed)",
+        "deepseek-v3",
+        "h100",
+        72,
+        "decode",
+        2000,
+        256,
+        22_300,
+        context=2100,
+        note="the batch per rank is not in our sources: 256 assumed",
+    ),
+    MoeThroughputPoint(
+        DEEPSEEK_SOURCE,
+        "DeepSeek prefill H800 EP32 (as H100), computed tokens only",
+        "deepseek-v3",
+        "h100",
+        32,
+        "prefill",
+        4989,
+        16384,
+        73_700,
+        counted_fraction=1 - DEEPSEEK_CACHE_HIT,
+        known_miss="DeepSeek's figure is a 24-hour average of a production fleet (load troughs included, "
+        "cached prefixes still attended to), the twin's a saturated step; and H800 NVLink (400 GB/s) "
+        "slows the intra-node all-to-all that bounds EP32 prefill, which the H100 tables do not see",
+    ),
+    MoeThroughputPoint(
+        DEEPSEEK_SOURCE,
+        "DeepSeek decode H800 EP144 (as H100) at 21 tokens/s per user",
+        "deepseek-v3",
+        "h100",
+        144,
+        "decode",
+        4989,
+        0,
+        14_800,
+        context=4989,
+        itl_s=1 / 21,
+        note="within tolerance partly by cancellation: DeepSeek decodes with MTP (about 1.8 tokens per step "
+        "at their 80-90% acceptance) which the twin does not model, so the twin's step is one token and its "
+        "batch at 21 tokens/s per user is larger than theirs; H800 NVLink (400 GB/s) is not H100's",
+    ),
+)
+
+
+def moe_throughput_per_node(point: MoeThroughputPoint) -> tuple[float, int]:
+    """The twin's tokens/s per node for ``point`` (counted as the source counts them) and the batch: tokens
+    (prefill) or sequences (decode) per rank."""
+    lm = load_latency_model(point.model, point.gpu, 1, "fp8", parallelism=point.parallelism())
+    par = point.parallelism()
+    if point.phase == "prefill":
+        prompts = max(1, point.per_rank * par.dp // point.isl)
+        step = lm.prefill_time_s([point.isl] * prompts)
+        return prompts * point.isl / step / par.nodes / point.counted_fraction, point.per_rank
+
+    def rate(per_rank: int) -> tuple[float, float]:
+        batch = per_rank * par.dp
+        step = lm.decode_step_time_s(batch, batch * point.context)
+        return batch / step / par.nodes, step
+
+    if point.per_rank:
+        return rate(point.per_rank)[0], point.per_rank
+    best = 1
+    for per_rank in range(1, 1025):  # the largest batch whose step meets the per-user speed
+        if rate(per_rank)[1] > point.itl_s:
+            break
+        best = per_rank
+    return rate(best)[0], best

@@ -13,6 +13,7 @@ import functools
 from collections import defaultdict
 
 from disagg.perf.latency import load_latency_model, load_profile_yaml, resolve_gpu_name, resolve_model_name
+from disagg.perf.moe import moe_profiles, resolve_moe_model
 from disagg.twin.deployment import PoolSpec, SimDeployment
 
 HOW_TO_ADD = (
@@ -51,6 +52,12 @@ def describe() -> str:
             shown = ", ".join(f"TP{'/'.join(map(str, tps))} {kind}" for kind, tps in sorted(groups.items()))
             parts.append(f"{gpu} {shown}")
         clauses.append(f"{model} on {'; '.join(parts)}")
+    moe: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for model, gpu, dtype in moe_profiles():
+        moe[model][gpu].append(dtype)
+    for model, by_gpu in sorted(moe.items()):
+        shown = "; ".join(f"{gpu} {'+'.join(sorted(kinds))}" for gpu, kinds in sorted(by_gpu.items()))
+        clauses.append(f"{model} on {shown} (any TP/DP/EP)")
     return " | ".join(clauses)
 
 
@@ -62,6 +69,9 @@ def _pools(dep: SimDeployment) -> list[tuple[str, PoolSpec]]:
 def check(dep: SimDeployment) -> None:
     """Load the latency model of every pool of ``dep``; a ProfileError saying what exists if one is
     missing."""
+    if resolve_moe_model(dep.model) is not None:
+        _check_moe(dep)
+        return
     try:
         model = resolve_model_name(dep.model)
     except ValueError:
@@ -78,6 +88,18 @@ def check(dep: SimDeployment) -> None:
             load_latency_model(dep.model, dep.gpu, pool.tp, dep.dtype, dep.kv_dtype)
         except ValueError as error:  # e.g. the weights do not fit on the pool's GPUs
             raise ProfileError(f"{role} pool: {' '.join(str(error).split())}") from error
+
+
+def _check_moe(dep: SimDeployment) -> None:
+    try:
+        resolve_gpu_name(dep.gpu)
+    except ValueError:
+        raise _missing(f"no twin profile for GPU {dep.gpu!r} (model {dep.model})") from None
+    for role, pool in _pools(dep):
+        try:
+            load_latency_model(dep.model, dep.gpu, pool.tp, dep.dtype, dep.kv_dtype, pool.parallelism())
+        except ValueError as error:  # no profile for the dtype/GPU, or the weights do not fit
+            raise _missing(f"{role} pool: {' '.join(str(error).split())}") from error
 
 
 def _missing(what: str) -> ProfileError:

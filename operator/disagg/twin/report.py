@@ -71,7 +71,7 @@ def peak_gpus(result: SimResult) -> int:
     draining) times its TP, summed over the pools at each logged moment."""
     dep = result.deployment
     tp = {
-        role: pool.tp
+        role: pool.gpus_per_replica
         for role, pool in (("prefill", dep.prefill), ("decode", dep.decode), ("colocated", dep.colocated))
         if pool is not None
     }
