@@ -926,3 +926,28 @@ def test_a_decode_breach_grows_the_pool_only_once_its_last_growth_served_a_windo
     settled, _ = run(o, policy, PolicyState(last_scale_up={"decode": now - 3000.0}), MB_BOUNDS)
     assert settled.decode == 4
     assert fresh.decode == 3
+
+
+@pytest.mark.parametrize("example", ["deepseek-r1-wideep-vllm.yaml", "deepseek-r1-wideep-sglang.yaml"])
+def test_model_based_sizes_a_wide_ep_deployment_with_its_own_layout(example: str) -> None:
+    # a decode replica of 4 nodes x 8 GPUs (DP32, EP32): the latency model is the MoE one under that
+    # layout, not a 32-way tensor-parallel dense model (which does not exist, and fell back to slo-feedback)
+    from pathlib import Path
+
+    import yaml
+
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.policy.bounds import bounds_for
+
+    path = Path(__file__).parents[2] / "examples" / example
+    doc = next(
+        d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "DisaggregatedDeployment"
+    )
+    bounds = bounds_for(DisaggregatedDeployment.model_validate(doc))
+    assert bounds.profile is not None and bounds.profile.layout_decode is not None
+    assert bounds.profile.layout_decode.dp * bounds.profile.layout_decode.tp == bounds.decode.gpus_per_replica
+    policy = spec(algorithm="model-based", **FREE)
+    d, _ = run(obs(rate=20.0, prompt=2000.0, output=500.0), policy, bounds=bounds)
+    assert "ModelUnavailable" not in codes(d)
+    decode = [r for r in d.reasons if r.role == "decode"]
+    assert decode and all(r.code != "MetricsMissing" for r in decode)

@@ -209,11 +209,25 @@ def test_twin_document_with_wide_ep_pools_simulates() -> None:
 
 
 def test_deepseek_deployment_beyond_one_node_reads_as_wide_ep() -> None:
-    from disagg.twin.deployment import _layout
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.policy.bounds import replica_layout
+    from disagg.policy.types import ReplicaLayout
 
-    assert _layout(None, [], 16, moe=True) == {"tp": 8, "dp": 2, "ep": 16}
-    sglang = ["--tp", "16", "--dp", "16", "--enable-dp-attention", "--moe-a2a-backend", "deepep"]
-    assert _layout(None, sglang, 16, moe=True) == {"tp": 1, "dp": 16, "ep": 16, "overlap": False}
+    base = next(
+        d
+        for d in yaml.safe_load_all((Path(__file__).parents[2] / "examples" / "vllm-nixl.yaml").read_text())
+        if d and d.get("kind") == "DisaggregatedDeployment"
+    )
+
+    def layout(model: str, tp: int, args: list[str]) -> ReplicaLayout:
+        doc = {**base, "spec": {**base["spec"], "model": {**base["spec"]["model"], "name": model}}}
+        doc["spec"]["decode"] = {**base["spec"]["decode"], "tensorParallelSize": tp, "args": args}
+        doc["spec"]["decode"].pop("resources", None)
+        return replica_layout(DisaggregatedDeployment.model_validate(doc).spec, "decode")
+
+    assert layout("deepseek-ai/DeepSeek-R1", 16, []) == ReplicaLayout(tp=8, dp=2, ep=16)
+    sglang = ["--dp", "16", "--enable-dp-attention", "--moe-a2a-backend", "deepep"]  # --tp: the operator's
+    assert layout("deepseek-ai/DeepSeek-R1", 16, sglang) == ReplicaLayout(tp=1, dp=16, ep=16)
     vllm = ["--data-parallel-size", "8", "--enable-expert-parallel", "--enable-dbo"]
-    assert _layout(None, vllm, 8, moe=True) == {"tp": 1, "dp": 8, "ep": 8, "overlap": True}
-    assert _layout(None, [], 4, moe=False) == {"tp": 4}
+    assert layout("deepseek-ai/DeepSeek-R1", 8, vllm) == ReplicaLayout(tp=1, dp=8, ep=8, overlap=True)
+    assert layout("llama-3.1-70b", 4, []) == ReplicaLayout(tp=4)

@@ -8,11 +8,12 @@ start-up everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from disagg.api.deployment import DisaggregatedDeployment, DisaggregatedDeploymentSpec
+from disagg.perf.moe import resolve_moe_model
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s, weights_cached
-from disagg.policy.types import ROLES, Bounds, Role, RoleBounds, ServingProfile
+from disagg.policy.types import ROLES, Bounds, ReplicaLayout, Role, RoleBounds, ServingProfile
 
 # Node labels that name the GPU a pool runs on, in the order they are looked for (decode pool first).
 GPU_LABELS = ("disagg.dev/gpu-type", "nvidia.com/gpu.product")
@@ -35,14 +36,70 @@ def weight_dtype(spec: DisaggregatedDeploymentSpec) -> str:
     return "fp8" if named.lower() == "fp8" else "bf16"
 
 
+def model_dtype(spec: DisaggregatedDeploymentSpec) -> str:
+    """The weights' data type the latency models know: :func:`weight_dtype`, or fp4 where the
+    quantization names a 4-bit float format (vLLM ``--quantization`` modelopt_fp4 / mxfp4 / nvfp4)."""
+    quantization = spec.model.quantization
+    return "fp4" if quantization and "fp4" in quantization.lower() else weight_dtype(spec)
+
+
+def engine_flag(args: Sequence[str], flag: str) -> str | None:
+    """The string value of ``--flag V`` or ``--flag=V`` (the last one wins), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def engine_int_arg(args: Sequence[str], flag: str, default: int) -> int:
+    """The value of an engine flag given as ``--flag N`` or ``--flag=N`` (the last one wins)."""
+    value = engine_flag(args, flag)
+    return default if value is None else int(value)
+
+
+def replica_layout(spec: DisaggregatedDeploymentSpec, role: Role) -> ReplicaLayout:
+    """How a replica of ``role`` splits the model: from the role's ``parallelism`` where given, else the
+    engine arguments (vLLM ``--data-parallel-size``, ``--enable-expert-parallel``, ``--enable-dbo``;
+    SGLang ``--dp`` with ``--enable-dp-attention``, ``--ep``/``--ep-size``/``--moe-a2a-backend``,
+    ``--enable-two-batch-overlap``), else the replica's GPUs of tensor parallelism (a MoE replica beyond
+    one node: TP8 attention per node, experts over all GPUs)."""
+    rs = spec.role(role)
+    par = rs.parallelism
+    if par is not None:
+        tensor, data = rs.tensor_size, rs.data_size
+        ep = tensor * data if (rs.expert_size or 1) > 1 else 1
+        return ReplicaLayout(tp=tensor, dp=data, ep=ep, gpus_per_node=rs.gpus_per_node)
+    args = [*spec.engine.args, *rs.args]
+    present = {a.split("=", 1)[0] for a in args}
+    overlap = bool(present & {"--enable-two-batch-overlap", "--enable-dbo"})
+    expert = bool(present & {"--enable-expert-parallel", "--ep", "--ep-size", "--moe-a2a-backend"})
+    dp = engine_int_arg(args, "--data-parallel-size", 1)
+    if "--enable-dp-attention" in present:
+        dp = engine_int_arg(args, "--dp", engine_int_arg(args, "--dp-size", dp))
+    gpus = rs.gpus_per_replica
+    if dp > 1 or expert or overlap:
+        dp = max(1, dp)
+        tp = max(1, gpus // dp)
+        return ReplicaLayout(tp=tp, dp=dp, ep=tp * dp if expert else 1, overlap=overlap)
+    if resolve_moe_model(spec.model.name) is not None and gpus > 8:
+        return ReplicaLayout(tp=8, dp=gpus // 8, ep=gpus)
+    return ReplicaLayout(tp=gpus)
+
+
 def serving_profile(spec: DisaggregatedDeploymentSpec) -> ServingProfile:
-    """Model, GPU, tensor parallelism per pool and weight dtype: the model-based algorithm's profile."""
+    """Model, GPU, each pool's replica layout and the weight dtype: the model-based algorithm's profile."""
+    prefill, decode = (replica_layout(spec, role) for role in ROLES)
     return ServingProfile(
         model=spec.model.name,
         gpu=gpu_of(spec),
-        tp_prefill=spec.prefill.tensor_parallel_size,
-        tp_decode=spec.decode.tensor_parallel_size,
-        dtype=weight_dtype(spec),
+        tp_prefill=prefill.tp,
+        tp_decode=decode.tp,
+        dtype=model_dtype(spec),
+        layout_prefill=None if prefill.tensor_only else prefill,
+        layout_decode=None if decode.tensor_only else decode,
     )
 
 

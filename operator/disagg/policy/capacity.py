@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import Protocol
 
@@ -55,17 +55,22 @@ def resolve_profile(policy: RatioPolicySpec, bounds: Bounds) -> ServingProfile |
     tp_p = mb.tensor_parallel.prefill if mb.tensor_parallel else (base.tp_prefill if base else 1)
     tp_d = mb.tensor_parallel.decode if mb.tensor_parallel else (base.tp_decode if base else 1)
     dtype = mb.dtype if mb.dtype != "bf16" or base is None else base.dtype
-    return ServingProfile(model=model, gpu=gpu, tp_prefill=tp_p, tp_decode=tp_d, dtype=dtype)
+    if mb.tensor_parallel or base is None:  # the policy's own tensor parallelism replaces the layout
+        return ServingProfile(model=model, gpu=gpu, tp_prefill=tp_p, tp_decode=tp_d, dtype=dtype)
+    return replace(base, model=model, gpu=gpu, dtype=dtype)
 
 
 def load_models(profile: ServingProfile) -> RoleModels:
     """The latency models of both roles (disagg.perf, cached there)."""
     from disagg.perf.latency import load_latency_model
+    from disagg.perf.moe import Parallelism
 
-    return RoleModels(
-        prefill=load_latency_model(profile.model, profile.gpu, profile.tp_prefill, profile.dtype),
-        decode=load_latency_model(profile.model, profile.gpu, profile.tp_decode, profile.dtype),
-    )
+    def model(role: str, tp: int) -> LatencyModelLike:
+        layout = profile.layout(role)
+        par = None if layout is None else Parallelism(**asdict(layout))
+        return load_latency_model(profile.model, profile.gpu, tp, profile.dtype, parallelism=par)
+
+    return RoleModels(prefill=model("prefill", profile.tp_prefill), decode=model("decode", profile.tp_decode))
 
 
 @dataclass(frozen=True)

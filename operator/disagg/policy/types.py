@@ -206,6 +206,25 @@ class RoleBounds:
 
 
 @dataclass(frozen=True)
+class ReplicaLayout:
+    """How one replica's GPUs split the model (the fields of :class:`disagg.perf.moe.Parallelism`): ``dp``
+    data-parallel attention ranks of ``tp`` GPUs each, the routed experts of a MoE model over ``ep`` GPUs
+    (``tp x dp``; 1: tensor-parallel experts), on nodes of ``gpus_per_node``; ``overlap``: two-batch overlap
+    of the all-to-all with compute."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    gpus_per_node: int = 8
+    overlap: bool = False
+
+    @property
+    def tensor_only(self) -> bool:
+        """Plain tensor parallelism within one node (what the dense profiles model)."""
+        return (self.dp, self.ep, self.gpus_per_node, self.overlap) == (1, 1, 8, False)
+
+
+@dataclass(frozen=True)
 class ServingProfile:
     """What the model-based algorithm needs to load a latency model (from the deployment's spec)."""
 
@@ -214,6 +233,13 @@ class ServingProfile:
     tp_prefill: int = 1
     tp_decode: int = 1
     dtype: str = "bf16"
+    # each pool's replica layout where it is more than tensor parallelism (data-parallel attention,
+    # expert parallelism, several nodes); None: ``tp_<role>`` GPUs of tensor parallelism
+    layout_prefill: ReplicaLayout | None = None
+    layout_decode: ReplicaLayout | None = None
+
+    def layout(self, role: str) -> ReplicaLayout | None:
+        return self.layout_prefill if role == "prefill" else self.layout_decode
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ reading as the operator's: :func:`disagg.policy.bounds.bounds_for`). :mod:`disag
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,9 +15,16 @@ import yaml
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.perf.latency import resolve_gpu_name
-from disagg.perf.moe import Parallelism, resolve_moe_model
+from disagg.perf.moe import Parallelism
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
-from disagg.policy.bounds import DEFAULT_GPU, GPU_LABELS, bounds_for
+from disagg.policy.bounds import (
+    DEFAULT_GPU,
+    GPU_LABELS,
+    bounds_for,
+    engine_flag,
+    engine_int_arg,
+    replica_layout,
+)
 from disagg.policy.types import Bounds, Role, RoleBounds, ServingProfile
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
@@ -144,17 +151,14 @@ class SimDeployment:
         profile = bounds.profile
         assert profile is not None  # bounds_for always reads the profile of a DisaggregatedDeployment
 
-        moe = resolve_moe_model(profile.model) is not None
-
         def pool(role: Role) -> PoolSpec:
             args = [*spec.engine.args, *spec.role(role).args]
             rb = bounds.role(role)
-            layout = _layout(getattr(spec.role(role), "parallelism", None), args, rb.gpus_per_replica, moe)
             return PoolSpec(
                 replicas=spec.role(role).replicas,
-                **layout,
-                max_num_seqs=_engine_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
-                max_num_batched_tokens=_engine_arg(
+                **asdict(replica_layout(spec, role)),
+                max_num_seqs=engine_int_arg(args, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS),
+                max_num_batched_tokens=engine_int_arg(
                     args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS
                 ),
                 min_replicas=rb.min_replicas,
@@ -162,13 +166,13 @@ class SimDeployment:
             )
 
         # vLLM --kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2} (source: vLLM engine arguments docs)
-        kv = _engine_flag([*spec.engine.args, *spec.prefill.args, *spec.decode.args], "--kv-cache-dtype")
+        kv = engine_flag([*spec.engine.args, *spec.prefill.args, *spec.decode.args], "--kv-cache-dtype")
         planned = bounds.prefill.startup_seconds
         name = dd.name or "twin"
         return SimDeployment(
             model=profile.model,
             gpu=profile.gpu,
-            dtype=_weight_dtype(spec.model.quantization, profile.dtype),
+            dtype=profile.dtype,
             kv_dtype="fp8" if (kv or "auto").startswith("fp8") else "bf16",
             prefill=pool("prefill"),
             decode=pool("decode"),
@@ -232,39 +236,6 @@ class SimDeployment:
         return SimDeployment.from_dict(docs[0])
 
 
-def _weight_dtype(quantization: str | None, dtype: str) -> str:
-    """The policy's weight dtype (fp8 or bf16), or fp4 when the quantization names a 4-bit float format
-    (vLLM ``--quantization`` modelopt_fp4 / mxfp4 / nvfp4 checkpoints)."""
-    return "fp4" if quantization and "fp4" in quantization.lower() else dtype
-
-
-def _layout(parallelism: Any, args: Sequence[str], gpus: int, moe: bool) -> dict[str, Any]:
-    """A replica's tp/dp/ep/gpus_per_node/overlap for :class:`PoolSpec`: from the role's ``parallelism``
-    where the API has one, else the engine arguments (vLLM ``--data-parallel-size``,
-    ``--enable-expert-parallel``, ``--enable-dbo``; SGLang ``--dp`` with ``--enable-dp-attention``,
-    ``--ep``/``--ep-size``/``--moe-a2a-backend``, ``--enable-two-batch-overlap``), else ``gpus`` of tensor
-    parallelism (a MoE replica beyond one node: TP8 attention per node, experts over all GPUs)."""
-    if parallelism is not None:
-        tensor = int(getattr(parallelism, "tensor", None) or 1)
-        data = int(getattr(parallelism, "data", None) or 1)
-        expert = getattr(parallelism, "expert", None)
-        per_node = int(getattr(parallelism, "gpus_per_node", None) or 8)
-        ep = tensor * data if expert not in (None, False, 0, 1) else 1
-        return {"tp": tensor, "dp": data, "ep": ep, "gpus_per_node": per_node, "overlap": False}
-    present = set(a.split("=", 1)[0] for a in args)
-    overlap = bool(present & {"--enable-two-batch-overlap", "--enable-dbo"})
-    expert = bool(present & {"--enable-expert-parallel", "--ep", "--ep-size", "--moe-a2a-backend"})
-    dp = _engine_arg(args, "--data-parallel-size", 1)
-    if "--enable-dp-attention" in present:
-        dp = _engine_arg(args, "--dp", _engine_arg(args, "--dp-size", dp))
-    if dp > 1 or expert or overlap:
-        tp = max(1, gpus // max(1, dp))
-        return {"tp": tp, "dp": max(1, dp), "ep": tp * max(1, dp) if expert else 1, "overlap": overlap}
-    if moe and gpus > 8:
-        return {"tp": 8, "dp": gpus // 8, "ep": gpus}
-    return {"tp": gpus}
-
-
 def _selected_gpus(dd: DisaggregatedDeployment) -> dict[Role, str | None]:
     """The GPU type each pool's nodeSelector names (the labels :func:`disagg.policy.bounds.gpu_of` reads)."""
     out: dict[Role, str | None] = {}
@@ -316,25 +287,3 @@ def _known_fields(
             f"deployment: unknown field(s) {', '.join(prefix + k for k in unknown)} "
             f"(known: {', '.join(sorted(known))})"
         )
-
-
-def _engine_flag(args: Sequence[str], flag: str) -> str | None:
-    """The string value of ``--flag V`` or ``--flag=V`` (the last one wins), or None."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
-def _engine_arg(args: Sequence[str], flag: str, default: int) -> int:
-    """The value of an engine flag given as ``--flag N`` or ``--flag=N`` (the last one wins)."""
-    value = default
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = int(args[i + 1])
-        elif a.startswith(flag + "="):
-            value = int(a.split("=", 1)[1])
-    return value
