@@ -887,35 +887,6 @@ def test_a_decode_shrink_is_proven_against_the_kv_peak_of_the_scale_down_window(
     assert state.decode_load == ((now, 0.2 * 2, 20.0),)  # the pool's KV in replica caches, recorded
 
 
-def test_a_decode_pool_whose_cache_filled_is_not_shrunk_back_to_that_load_within_the_hour() -> None:
-    now = 5000.0
-    o, policy, bounds = _shrinkable_decode(now)
-    shrunk, _ = run(o, policy, PolicyState(), bounds)
-    # within the hour one replica's cache filled carrying this very load (rate x output x context)
-    load = 3.0 * 200.0 * (4000.0 + 100.0)
-    filled = PolicyState(decode_filled=((now - 1200.0, load),))
-    held, _ = run(o, policy, filled, bounds)
-    expired = PolicyState(decode_filled=((now - 3700.0, load),))
-    later, _ = run(o, policy, expired, bounds)
-    # filling at three times today's load per replica says nothing against one replica for today's
-    light = PolicyState(decode_filled=((now - 1200.0, 3 * load),))
-    light_shrunk, _ = run(o, policy, light, bounds)
-    assert shrunk.decode == later.decode == light_shrunk.decode == 1
-    assert held.decode == 2
-
-
-def test_a_full_decode_cache_with_requests_waiting_is_remembered_with_its_load_per_replica() -> None:
-    policy = spec(algorithm="model-based", **FREE)
-    o = obs(t=100.0, d=2, kv=0.97, rate=4.0, prompt=1000.0, output=200.0)
-    o = replace(o, decode=replace(o.decode, queue_depth=Measured.of(12.0)))
-    d, state = run(o, policy, bounds=MB_BOUNDS)
-    assert d.decode >= 4  # doubled
-    assert state.decode_filled == ((100.0, 4.0 * 200.0 * 1100.0 / 2),)
-    # the same episode a minute later at a lower load keeps one entry, at the lower level
-    _, state = run(replace(o, time=160.0, request_rate=Measured.of(3.0)), policy, state, MB_BOUNDS)
-    assert state.decode_filled == ((160.0, 3.0 * 200.0 * 1100.0 / 2),)
-
-
 def test_a_decode_breach_grows_the_pool_only_once_its_last_growth_served_a_window() -> None:
     # ITL breached over the metric window; decode grew 30 s ago, so the window mostly describes the
     # smaller pool: no +1 on top. Grown long ago: the breach is the present pool's, +1

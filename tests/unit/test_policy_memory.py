@@ -27,7 +27,6 @@ def _state(now: float = NOW) -> PolicyState:
         flaps={"decode": (now - 900.0, now - 300.0)},
         prefill_fell_behind=(now - 1200.0,),
         decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i) for i in range(10, -1, -1)),
-        decode_filled=((now - 2000.0, 3.2e6),),
         slo_spend=0.125,
     )
 
@@ -53,7 +52,6 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     for d0, d1 in zip(state.decode_load, restored.decode_load, strict=True):
         assert abs(d0[0] - d1[0]) <= 0.5
         assert d1[1] == pytest.approx(d0[1], rel=5e-3) and d1[2] == pytest.approx(d0[2], rel=5e-3)
-    assert restored.decode_filled == ((NOW - 2000.0, 3.2e6),)
 
 
 def test_the_stabilisation_window_and_ceilings_start_fresh() -> None:
@@ -120,11 +118,9 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     memory["lastScaleDown"] = ["decode", NOW]
     memory["sloSpend"] = "lots"
     memory["decodeLoad"] = [*memory["decodeLoad"][-2:], [NOW, 1.0], [NOW, "full", 3.0], [NOW, -1.0, 2.0]]
-    memory["decodeFilled"] = [[NOW - 5.0, 2e6], [NOW, None], "x"]
     restored = from_memory(memory, NOW)
     assert len(restored.load_history) == 3
     assert len(restored.decode_load) == 2
-    assert restored.decode_filled == ((NOW - 5.0, 2e6),)
     assert restored.correction == {"prefill": 1.25, "decode": 0.8, "prefill-wait": 1.1}
     assert restored.flaps == {"decode": (NOW - 10.0,)}
     assert restored.last_scale_up == {"prefill": NOW - 50.0}

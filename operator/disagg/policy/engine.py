@@ -476,15 +476,6 @@ def decide(
         if kv_used.ok and kv_used.value is not None and running.ok and running.value is not None
         else ()
     )
-    decode_filled = tuple(f for f in state.decode_filled if now - f[0] <= RECURRENCE_S)
-    level = proposal.decode_filled_at
-    if level is not None:
-        episode_gap = max(windows[1], 2.0 * policy.evaluation_interval_seconds)
-        if decode_filled and now - decode_filled[-1][0] <= episode_gap:
-            # the same episode: remember the lowest load it filled at, timed from its latest moment
-            decode_filled = (*decode_filled[:-1], (now, min(level, decode_filled[-1][1])))
-        else:
-            decode_filled = (*decode_filled, (now, level))
     new_state = PolicyState(
         recommendations=recs,
         last_scale_up=last_up,
@@ -498,7 +489,6 @@ def decide(
         prefill_queue=prefill_queue,
         prefill_fell_behind=episodes,
         decode_load=decode_load,
-        decode_filled=decode_filled,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
     )
     decision = Decision(

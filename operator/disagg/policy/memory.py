@@ -85,7 +85,6 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "flaps": flaps,
         "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
         "decodeLoad": _samples(state.decode_load, now)[-MAX_SAMPLES:],
-        "decodeFilled": _samples(state.decode_filled, now)[-MAX_FLAPS:],
         "lastScaleUp": _times(state.last_scale_up, now),
         "lastScaleDown": _times(state.last_scale_down, now),
     }
@@ -181,11 +180,9 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
     )
     episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
     decode_load = [(t, kv, run) for t, kv, run in _restore_samples(data.get("decodeLoad"), now, 3)]
-    decode_filled = [(t, level) for t, level in _restore_samples(data.get("decodeFilled"), now, 2)]
     return PolicyState(
         prefill_fell_behind=tuple(episodes),
         decode_load=tuple(decode_load[-MAX_SAMPLES:]),
-        decode_filled=tuple(decode_filled[-MAX_FLAPS:]),
         load_history=tuple(history[-MAX_SAMPLES:]),
         work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,

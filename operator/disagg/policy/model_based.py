@@ -581,8 +581,6 @@ def model_based_proposal(
     kv_full = kv is not None and kv >= policy.feedback.kv_usage_high and (waiting or 0.0) > 0
     if kv_full and obs.decode.ready >= obs.decode.replicas:
         n_d = max(n_d, 2 * obs.decode.replicas)
-    kv_load = rate * out * context  # what the pool's caches hold at a given ITL (Little's law)
-    filled_at = kv_load / obs.decode.ready if kv_full and obs.decode.ready > 0 else None
     if n_d < obs.decode.replicas:
         # the model may shrink decode only as far as the observed ITL and KV prove safe: the ITL now,
         # grown by the latency model's step shape at the batch the survivors would carry, and the KV
@@ -600,15 +598,6 @@ def model_based_proposal(
             *decode_load_peak(state, now, float(policy.scale_down.stabilization_window_seconds)),
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
-        # a replica whose cache filled at some KV load within the hour is not given that load again:
-        # the load it may carry after a shrink stays a tolerance band below the lowest level it filled at
-        # (seen on the heavy-tailed family: 2 -> 1 decode replica at 24% KV, whose cache then filled and
-        # queued TTFT to 62% attainment; the instantaneous KV use of long, heavy-tailed contexts swings
-        # more than any single proof sees)
-        filled = [level for t, level in state.decode_filled if now - t <= RECURRENCE_S]
-        if filled and n_d < obs.decode.replicas:
-            carried = dp.keep * out * context / ((1 - tol) * min(filled))
-            n_d = max(n_d, min(obs.decode.replicas, math.ceil(carried)))
     ttft, itl = _v(obs.ttft), _v(obs.itl)
     n_now = obs.prefill.replicas
     if n_p < n_now and not fc.trusted and ttft is not None and prefill_side_ttft(obs) is not None:
@@ -685,5 +674,4 @@ def model_based_proposal(
         corr,
         spend,
         prefill_fell_behind=fell_behind,
-        decode_filled_at=filled_at,
     )

@@ -30,9 +30,6 @@ class Proposal:
     # model-based: arrivals outran the prefill pool this evaluation (its queue grew to a real share of
     # the TTFT target at two evaluations running): the engine remembers when, see PolicyState
     prefill_fell_behind: bool = False
-    # model-based: the decode KV cache is full with requests waiting; the KV load each ready decode
-    # replica carries now (see PolicyState.decode_filled), else None
-    decode_filled_at: float | None = None
 
     def role(self, role: Role) -> RoleProposal:
         return self.prefill if role == "prefill" else self.decode

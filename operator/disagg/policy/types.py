@@ -165,11 +165,6 @@ class PolicyState:
     # over the scale-down window: a decode shrink is proven against the window's peak, not one scrape
     # (with heavy-tailed prompts the pool's KV use swings two-fold between scrapes)
     decode_load: tuple[tuple[float, float, float], ...] = ()
-    # (time, KV load each ready decode replica carried) when the decode KV cache filled with requests
-    # waiting, within the last hour; KV load is request rate x output x mean context (prompt + output/2)
-    # per replica, what its cache holds at a given ITL (Little's law). No shrink may load a replica that
-    # heavily again within the hour
-    decode_filled: tuple[tuple[float, float], ...] = ()
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
