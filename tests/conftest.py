@@ -39,6 +39,7 @@ CONTROL_PLANE_PROGRAMS = (
     "kube-scheduler",
     "kubectl",
     "kwok",
+    "lws-controller",
     "helm",
     "prometheus",
 )

@@ -46,6 +46,10 @@ class Versions:
     # helm-docs (github.com/norwoodj/helm-docs): the chart README's values table from values.yaml's
     # `# --` comments (tests/integration/test_chart.py checks the README is its output).
     helmdocs: str = "v1.14.2"
+    # The LeaderWorkerSet controller (sigs.k8s.io/lws), which runs multi-node replicas: the newest release
+    # the Go module proxy serves that builds with Go 1.26 (v0.9.0's go.mod says go 1.26.0; its
+    # k8s.io/* v0.36 libraries talk to a v1.37 API server).
+    lws: str = "v0.9.0"
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ COMPONENT_OF: Mapping[str, str] = {
     "prometheus": "prometheus",
     "promtool": "prometheus",
     "helm-docs": "helmdocs",
+    "lws-controller": "lws",
 }
 
 PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
@@ -87,6 +92,7 @@ PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
     "helm": ("helm",),
     "prometheus": ("prometheus", "promtool"),
     "helmdocs": ("helm-docs",),
+    "lws": ("lws-controller",),
 }
 
 
@@ -215,6 +221,8 @@ def _build_go_component(settings: BuildSettings, component: str) -> None:
         log(settings, f"{component}: go build {' '.join(plan.packages)}")
         _run(component, "go build", cmd, cwd=workdir, env=env)
         _rename_outputs(staging, component)
+        if component == "lws":
+            _copy_lws_manifests(settings, go, workdir, env, plan.version)
         staging.chmod(0o755)
         final = out / "bin"
         if final.exists():
@@ -227,7 +235,11 @@ def _build_go_component(settings: BuildSettings, component: str) -> None:
 
 def _rename_outputs(staging: Path, component: str) -> None:
     # `go build -o dir/` names each binary after the last element of its package path.
-    renames = {"server": "etcd", "v3": "etcd"} if component == "etcd" else {}
+    renames: dict[str, str] = {}
+    if component == "etcd":
+        renames = {"server": "etcd", "v3": "etcd"}
+    elif component == "lws":
+        renames = {"cmd": "lws-controller"}  # LWS's manager is the main package sigs.k8s.io/lws/cmd
     for old, new in renames.items():
         if (staging / old).exists():
             (staging / old).rename(staging / new)
@@ -323,7 +335,51 @@ def _plan(settings: BuildSettings, component: str, go: str, workdir: Path, env: 
             packages=("github.com/norwoodj/helm-docs/cmd/helm-docs",),
             ldflags=(f"-X main.version={version.removeprefix('v')}",),
         )
+    if component == "lws":
+        info = _module_info(component, go, "sigs.k8s.io/lws", version, scratch, env)
+        package = "sigs.k8s.io/lws/pkg/version"  # what LWS's Makefile sets (GitVersion, GitCommit, BuildDate)
+        return GoBuild(
+            module="sigs.k8s.io/lws",
+            version=version,
+            packages=("sigs.k8s.io/lws/cmd",),
+            ldflags=(
+                f"-X {package}.GitVersion={version}",
+                f"-X {package}.GitCommit={_origin_hash(info)}",
+                f"-X {package}.BuildDate={_build_date(info)}",
+            ),
+        )
     raise BinaryError(f"{component}: no Go build known")
+
+
+# The LWS release's own manifests the local cluster installs, as the module ships them (config/ of
+# sigs.k8s.io/lws): its CRDs, its webhook configurations (with the kustomize patches that scope the pod
+# webhooks to LWS pods) and the ClusterRole its manager needs.
+LWS_MANIFESTS: tuple[str, ...] = (
+    "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+    "config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml",
+    "config/webhook/manifests.yaml",
+    "config/webhook/mutating-patch.yaml",
+    "config/webhook/validating-patch.yaml",
+    "config/rbac/role.yaml",
+)
+
+
+def lws_manifest(relative: str, settings: BuildSettings | None = None) -> Path:
+    """A manifest of the pinned LWS release, copied next to its program when it was built."""
+    settings = settings or BuildSettings()
+    return component_dir(settings, "lws") / "manifests" / relative
+
+
+def _copy_lws_manifests(
+    settings: BuildSettings, go: str, workdir: Path, env: Mapping[str, str], version: str
+) -> None:
+    info = _module_info("lws", go, "sigs.k8s.io/lws", version, workdir / "scratch", env)
+    source = Path(str(info["Dir"]))
+    target = component_dir(settings, "lws") / "manifests"
+    for relative in LWS_MANIFESTS:
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / relative, path)
 
 
 def _origin_hash(info: Mapping[str, object]) -> str:

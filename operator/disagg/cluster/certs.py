@@ -1,7 +1,9 @@
 """TLS material for the local control plane, generated in Python.
 
-One CA signs the kube-apiserver serving certificate and the client certificates of the admin, the
-controller-manager, the scheduler and kwok; an RSA key pair signs and verifies ServiceAccount tokens.
+One CA signs the kube-apiserver serving certificate, the LeaderWorkerSet controller's webhook serving
+certificate (127.0.0.1: the API server calls it by URL, with this CA as the caBundle) and the client
+certificates of the admin, the controller-manager, the scheduler, kwok and the LeaderWorkerSet controller;
+an RSA key pair signs and verifies ServiceAccount tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ CLIENT_IDENTITIES: tuple[ClientIdentity, ...] = (
     ClientIdentity("controller-manager", "system:kube-controller-manager"),
     ClientIdentity("scheduler", "system:kube-scheduler"),
     ClientIdentity("kwok", "kwok-controller", ("system:masters",)),
+    # bound to the ClusterRole the LWS release ships (config/rbac/role.yaml), as its Helm chart does
+    ClientIdentity("lws-controller", "lws-controller-manager"),
 )
 
 
@@ -80,6 +84,19 @@ class Pki:
     def sa_pub(self) -> Path:
         return self.directory / "sa.pub"
 
+    @property
+    def webhook_dir(self) -> Path:
+        """The LWS webhook server's certificate directory (controller-runtime reads tls.crt, tls.key)."""
+        return self.directory / "lws-webhook"
+
+    @property
+    def webhook_cert(self) -> Path:
+        return self.webhook_dir / "tls.crt"
+
+    @property
+    def webhook_key(self) -> Path:
+        return self.webhook_dir / "tls.key"
+
     def client_cert(self, name: str) -> Path:
         return self.directory / f"{name}.crt"
 
@@ -88,6 +105,7 @@ class Pki:
 
     def complete(self) -> bool:
         files = [self.ca_cert, self.ca_key, self.apiserver_cert, self.apiserver_key, self.sa_key, self.sa_pub]
+        files += [self.webhook_cert, self.webhook_key]
         for ident in CLIENT_IDENTITIES:
             files += [self.client_cert(ident.name), self.client_key(ident.name)]
         return all(path.is_file() for path in files)
@@ -214,6 +232,18 @@ def generate_pki(
     )
     _write(pki.apiserver_key, _key_pem(server_key), private=True)
     _write(pki.apiserver_cert, _cert_pem(server_cert))
+    webhook_key, webhook_cert = issue_certificate(
+        ca_key,
+        ca_cert,
+        "lws-webhook",
+        dns_names=("localhost",),
+        ip_addresses=settings.apiserver_ips,
+        server=True,
+        settings=settings,
+    )
+    pki.webhook_dir.mkdir(exist_ok=True)
+    _write(pki.webhook_key, _key_pem(webhook_key), private=True)
+    _write(pki.webhook_cert, _cert_pem(webhook_cert))
     for ident in CLIENT_IDENTITIES:
         key, cert = issue_certificate(
             ca_key, ca_cert, ident.user, organizations=ident.groups, settings=settings

@@ -37,14 +37,26 @@ DEFAULT_NODE_POOLS: tuple[NodePool, ...] = (
     # default of spec.kvTransfer.rdma.resourceName), so RDMA examples schedule here as on a GPU cluster.
     NodePool(gpu_type="h100", product="NVIDIA-H100-80GB-HBM3", count=4, extended=(("rdma/ib", "8"),)),
     NodePool(gpu_type="l40s", product="NVIDIA-L40S", count=2),
+    # H200 nodes for the multi-node (LeaderWorkerSet) examples: a DeepSeek-R1 wide-EP deployment takes a
+    # 2-node prefill group and a 4-node decode group of 8 GPUs each (examples/deepseek-r1-wideep-*.yaml);
+    # two more nodes leave room for one more 2-node group, and no more (gang scaling runs out of them).
+    NodePool(gpu_type="h200", product="NVIDIA-H200", count=8, extended=(("rdma/ib", "8"),)),
 )
 
 # kwok manages only nodes that carry this annotation (its --manage-nodes-with-annotation-selector).
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# Start order; ``down`` stops in reverse.
-COMPONENTS: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Start order; ``down`` stops in reverse. The LeaderWorkerSet controller (sigs.k8s.io/lws) runs multi-node
+# replicas: its CRDs and webhooks are installed when it starts.
+COMPONENTS: tuple[str, ...] = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "lws-controller",
+)
 
 
 @dataclass(frozen=True)

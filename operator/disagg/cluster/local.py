@@ -1,9 +1,11 @@
-"""LocalCluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on 127.0.0.1.
+"""LocalCluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and the LeaderWorkerSet
+controller on 127.0.0.1.
 
 Every process is started in its own session with its pid recorded under ``<state_dir>/pids`` and its
 output in ``<state_dir>/logs``; ``up`` reuses a running cluster, ``down`` stops the processes by pid and
 removes the state directory. kwok turns the Node objects created here into Ready nodes with GPUs and
-makes the pods scheduled onto them Running and Ready.
+makes the pods scheduled onto them Running and Ready. The LeaderWorkerSet controller's CRDs, RBAC and
+webhooks are installed from its release (:mod:`disagg.cluster.lws`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
+from disagg.cluster import lws
 from disagg.cluster.binaries import BuildSettings, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
@@ -255,7 +258,9 @@ class LocalCluster:
         return self._info_from_state(state) if state else None
 
     # -- processes -------------------------------------------------------------------------------------
-    def _spawn(self, component: str, binary: Path, args: Sequence[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, component: str, binary: Path, args: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.pids_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path(component).open("ab")
@@ -266,6 +271,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.state_dir,
+                env=None if env is None else dict(env),
                 start_new_session=True,
                 preexec_fn=kill_with_parent if self.settings.tie_to_parent else None,
             )
@@ -313,7 +319,7 @@ class LocalCluster:
     def _start(self, binaries: Mapping[str, Path]) -> ClusterInfo:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         pki = generate_pki(self.state_dir / "pki", self.settings.service_ip)
-        etcd_client, etcd_peer, apiserver_port, kwok_port = self._ports()
+        etcd_client, etcd_peer, apiserver_port, kwok_port, lws_webhook, lws_health = self._ports()
         server = f"https://127.0.0.1:{apiserver_port}"
         self._write_kubeconfigs(pki, server)
         pod_cidr = self._choose_pod_cidr()
@@ -325,6 +331,8 @@ class LocalCluster:
                 "etcd-peer": etcd_peer,
                 "apiserver": apiserver_port,
                 "kwok": kwok_port,
+                "lws-webhook": lws_webhook,
+                "lws-health": lws_health,
             },
             "binaries": {name: str(path) for name, path in binaries.items()},
             "nodes": [asdict(pool) for pool in self.nodes],
@@ -351,6 +359,9 @@ class LocalCluster:
             )
             procs["kwok"] = self._spawn("kwok", binaries["kwok"], self._kwok_args(kwok_port, pod_cidr))
         self._ensure_nodes(info)
+        procs["lws-controller"] = self._start_lws(
+            info, pki, binaries["lws-controller"], lws.LwsPorts(lws_webhook, lws_health), procs
+        )
         self._wait_nodes_ready(info, procs)
         with self.client(info) as client:
             # the controller-manager is working once it has made the default ServiceAccount
@@ -365,7 +376,7 @@ class LocalCluster:
         """The ports of a previous run of this state directory when they are all free again (etcd keeps
         its peer URL in its data, and a kubeconfig handed out stays valid), else fresh free ports."""
         previous = (self._read_state() or {}).get("ports", {})
-        names = ("etcd-client", "etcd-peer", "apiserver", "kwok")
+        names = ("etcd-client", "etcd-peer", "apiserver", "kwok", "lws-webhook", "lws-health")
         if all(isinstance(previous.get(n), int) for n in names) and all(
             port_free(previous[n]) for n in names
         ):
@@ -374,7 +385,7 @@ class LocalCluster:
 
     def _write_kubeconfigs(self, pki: Pki, server: str) -> None:
         ca = pki.ca_cert.read_bytes()
-        for identity in ("admin", "controller-manager", "scheduler", "kwok"):
+        for identity in ("admin", "controller-manager", "scheduler", "kwok", "lws-controller"):
             config = kubeconfig_dict(
                 server,
                 ca,
@@ -446,6 +457,55 @@ class LocalCluster:
             "--secure-port=0",
             f"--v={self.settings.log_verbosity}",
         ]
+
+    def _start_lws(
+        self,
+        info: ClusterInfo,
+        pki: Pki,
+        binary: Path,
+        ports: lws.LwsPorts,
+        procs: dict[str, subprocess.Popen[bytes]],
+    ) -> subprocess.Popen[bytes]:
+        """The LWS release's CRDs and RBAC, its controller, then its webhooks once they serve (before
+        that the API server would refuse every LeaderWorkerSet: the webhooks fail closed)."""
+        with self.client(info) as client:
+            try:
+                lws.apply_objects(client, [*lws.crds(self.build), *lws.rbac(self.build)])
+            except lws.LwsInstallError as error:
+                raise ClusterError(f"lws-controller: {error}") from error
+            self._wait("lws-controller", procs, lambda: lws.crds_established(client, self.build))
+        config = self.state_dir / "lws-config.yaml"
+        config.write_text(yaml.safe_dump(lws.controller_config(ports, pki.webhook_dir), sort_keys=False))
+        env = {**os.environ, "KUBECONFIG": str(self._kubeconfig_for("lws-controller"))}
+        proc = self._spawn("lws-controller", binary, [f"--config={config}", "--zap-log-level=info"], env)
+        procs["lws-controller"] = proc
+        ca = str(pki.ca_cert)
+        self._wait("lws-controller", procs, lambda: self._https_up(f"https://127.0.0.1:{ports.webhook}/", ca))
+        self._wait("lws-controller", procs, lambda: self._http_ok(f"http://127.0.0.1:{ports.health}/readyz"))
+        with self.client(info) as client:
+            try:
+                lws.apply_objects(
+                    client, lws.webhook_configurations(ports.webhook, pki.ca_cert.read_bytes(), self.build)
+                )
+            except lws.LwsInstallError as error:
+                raise ClusterError(f"lws-controller: {error}") from error
+        return proc
+
+    @staticmethod
+    def _https_up(url: str, ca: str) -> bool:
+        """Whether a TLS server answers at ``url`` with a certificate the CA signed (any HTTP status)."""
+        try:
+            httpx.get(url, verify=ssl.create_default_context(cafile=ca), timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        try:
+            return httpx.get(url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _choose_pod_cidr(self) -> str:
         """The configured pod CIDR, else the one a previous run of this state directory used, else a free

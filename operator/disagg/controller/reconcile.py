@@ -37,7 +37,15 @@ from disagg.k8s.apply import (
     matches,
     with_owner,
 )
-from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, JOB, SERVICE, JsonDict, KubeApi
+from disagg.k8s.client import (
+    DEPLOYMENT,
+    DISAGG_DEPLOYMENT,
+    JOB,
+    LEADERWORKERSET,
+    SERVICE,
+    JsonDict,
+    KubeApi,
+)
 from disagg.k8s.events import post_event
 from disagg.render import effective_replicas, render_children, stale_decision
 
@@ -113,12 +121,20 @@ def _role_of(obj: Mapping[str, Any]) -> str | None:
     return str(role) if role else None
 
 
+# The children whose status is a pool's replica counts: a Deployment, or for a multi-node pool a
+# LeaderWorkerSet, whose status counts groups the same way (replicas, readyReplicas: groups whose leader and
+# workers are all Ready, updatedReplicas, observedGeneration; kubernetes-sigs/lws v0.9.0
+# pkg/controllers/leaderworkerset_controller.go, updateConditions/updateStatus).
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
 def role_states(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, RoleState | None]:
-    """prefill/decode/router -> the state of that role's Deployment, from a set of live children."""
+    """prefill/decode/router -> the state of that role's Deployment (or LeaderWorkerSet), from a set of live
+    children."""
     states: dict[str, RoleState | None] = {"prefill": None, "decode": None, "router": None}
     for (kind, _), obj in children.items():
         role = _role_of(obj)
-        if kind == "Deployment" and role in states:
+        if kind in WORKLOAD_KINDS and role in states:
             states[role] = role_state(obj)
     return states
 
@@ -191,7 +207,8 @@ class Reconciler:
 
         FULL when the child is gone or differs from what was applied (drift) or nothing is known yet, and
         for every event of the model cache's download Job (its status decides whether the pools run);
-        REFRESH for a Deployment that still matches (its status may have changed: readiness); SKIP for
+        REFRESH for a Deployment or LeaderWorkerSet that still matches (its status may have changed:
+        readiness); SKIP for
         any other child that still matches (e.g. the echo of our own apply).
         """
         applied = self.applied(key)
@@ -208,7 +225,7 @@ class Reconciler:
                 first_difference(desired, child),
             )
             return FULL
-        return REFRESH if child.get("kind") == "Deployment" else SKIP
+        return REFRESH if child.get("kind") in WORKLOAD_KINDS else SKIP
 
     def needs_reapply(self, obj: Mapping[str, Any]) -> bool:
         """Whether the replicas the object asks for now differ from what was last applied for it."""
@@ -354,7 +371,7 @@ class Reconciler:
 
     def _live_children(self, obj: Mapping[str, Any]) -> dict[tuple[str, str], JsonDict]:
         try:
-            return list_owned_children(self.api, obj, kinds=(DEPLOYMENT, SERVICE))
+            return list_owned_children(self.api, obj, kinds=(DEPLOYMENT, LEADERWORKERSET, SERVICE))
         except (ApiException, OSError) as error:
             log.warning("could not list the children of %s: %s", obj["metadata"]["name"], error)
             return {}
