@@ -17,6 +17,10 @@ fixed interval; a policy's interval is data). Each evaluation:
 
 Before a decode scale-down it sets ``controller.kubernetes.io/pod-deletion-cost`` on the decode pods from
 their running requests, so the ReplicaSet removes the least-loaded pods first (they then drain gracefully).
+A multi-node decode pool is a LeaderWorkerSet, whose groups go highest index first whatever their load (its
+leaders are a StatefulSet's pods, which no deletion cost orders): there the leader's preStop and
+termination grace drain the group, whose workers outlive the leader (they are deleted with it, by the
+garbage collector, once it is gone).
 
 Per-object state (the PolicyState between evaluations) lives in kopf's per-object ``memo``; what a
 restart must not lose lives in status (``status.autoscaling.policyMemory``, :mod:`disagg.policy.memory`).
@@ -154,7 +158,9 @@ def evaluate(
     mode = policy.mode.value
     current: dict[str, int] = {role: pools[role].replicas for role in ROLES}
 
-    if mode == "active" and decision.decode < current["decode"] and auto.signals is not None:
+    # pod-deletion-cost orders a ReplicaSet's pods only: a LeaderWorkerSet removes its highest groups
+    scale_down = decision.decode < current["decode"] and not pools["decode"].multi_node
+    if mode == "active" and scale_down and auto.signals is not None:
         loads = auto.signals.running_per_pod(reading.dd, "decode")
         live = {p.name: loads.get(p.name) for p in pools["decode"].pods if not p.terminating}
         set_deletion_costs(auto.kube, namespace, deletion_costs(live))

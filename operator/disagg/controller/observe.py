@@ -152,7 +152,7 @@ def read_pools(kube: KubeApi, dd: DisaggregatedDeployment) -> dict[Role, Pool] |
     """Both pools as the API server has them; None until the reconciler has created both."""
     pools: dict[Role, Pool] = {}
     for role in ROLES:
-        pool = read_pool(kube, dd.namespace, dd.name, role)
+        pool = read_pool(kube, dd.namespace, dd.name, role, dd.spec.role(role).multi_node)
         if pool is None:
             return None
         pools[role] = pool

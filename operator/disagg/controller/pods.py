@@ -1,6 +1,10 @@
 """The engine pods of a deployment as the autoscaler sees them: what each pool has, how long its pods
 took to start, and which decode pods to remove first.
 
+A pool of multi-node replicas is a LeaderWorkerSet: its replicas are groups (a leader pod and workers), and
+everything here counts a group once, as one replica: Ready when every pod of it is, Pending while any pod
+of it is unscheduled (a group that can't be placed), started when its last pod turned Ready.
+
 The readers are pure (pod objects as JSON in, dataclasses out); :func:`read_pool` and
 :func:`set_deletion_costs` talk to the API server through :mod:`disagg.k8s`.
 """
@@ -17,8 +21,10 @@ from kubernetes.client.exceptions import ApiException
 
 from disagg.api.common import parse_rfc3339
 from disagg.k8s.apply import DEPLOYMENT_LABEL
-from disagg.k8s.client import DEPLOYMENT, MERGE_PATCH, POD, KubeApi
+from disagg.k8s.client import DEPLOYMENT, LEADERWORKERSET, MERGE_PATCH, POD, KubeApi
 from disagg.policy.types import Role, RoleObservation
+from disagg.render.lws import GROUP_INDEX_LABEL
+from disagg.render.names import GROUP_ROLE_LABEL, lws_name
 
 ROLE_LABEL = "disagg.dev/role"
 # Source: Kubernetes ReplicaSet pod-deletion-cost annotation (beta since v1.22), "Pods with lower
@@ -40,6 +46,9 @@ class PodInfo:
     terminating: bool = False
     created: float | None = None  # metadata.creationTimestamp
     ready_since: float | None = None  # lastTransitionTime of the Ready condition, while it is True
+    # A LeaderWorkerSet group's pod: its group index (None outside a group), and whether it is the leader
+    group: str | None = None
+    leader: bool = True
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -76,7 +85,44 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         ready_since=parse_rfc3339(ready.get("lastTransitionTime"))
         if ready is not None and is_ready
         else None,
+        # LWS labels every pod of a group with its index (the workers through their StatefulSet's template)
+        group=(str(labels.get(GROUP_INDEX_LABEL, "")) or None) if GROUP_ROLE_LABEL in labels else None,
+        leader=labels.get(GROUP_ROLE_LABEL, "leader") == "leader",
     )
+
+
+def group_infos(pods: Sequence[PodInfo], size: int) -> tuple[PodInfo, ...]:
+    """The groups of a LeaderWorkerSet pool, each as one PodInfo named after its leader: Ready when all
+    ``size`` pods of it are, scheduled when all of them are (Unschedulable since its first pod turned so),
+    terminating when any pod of it is (LWS recreates or removes a group whole), created with its leader and
+    Ready since its last pod turned Ready."""
+    buckets: dict[str, list[PodInfo]] = {}
+    for pod in pods:
+        buckets.setdefault(pod.group if pod.group is not None else pod.name, []).append(pod)
+    groups = []
+    for key in sorted(buckets, key=lambda k: (len(k), k)):
+        members = buckets[key]
+        leader = next((p for p in members if p.leader), None)
+        head = leader if leader is not None else min(members, key=lambda p: p.name)
+        complete = leader is not None and len(members) >= size
+        ready = complete and all(p.ready for p in members)
+        waiting = [p.unschedulable_since for p in members if p.unschedulable_since is not None]
+        since = [p.ready_since for p in members if p.ready_since is not None]
+        groups.append(
+            PodInfo(
+                name=head.name,
+                role=head.role,
+                ready=ready,
+                scheduled=all(p.scheduled for p in members),
+                unschedulable_since=min(waiting) if waiting else None,
+                terminating=any(p.terminating for p in members),
+                created=head.created,
+                ready_since=max(since) if ready and since else None,
+                group=head.group,
+                leader=True,
+            )
+        )
+    return tuple(groups)
 
 
 def pool_observation(
@@ -99,19 +145,30 @@ def pool_observation(
 
 @dataclass(frozen=True)
 class Pool:
-    """One pool as the API server has it: the child Deployment's replicas and the pods."""
+    """One pool as the API server has it: the child Deployment's (or LeaderWorkerSet's) replicas and the
+    pods; for a LeaderWorkerSet one PodInfo per group (:func:`group_infos`)."""
 
     replicas: int
     pods: tuple[PodInfo, ...]
+    multi_node: bool = False  # a LeaderWorkerSet: replicas are groups, removed highest index first
 
 
-def read_pool(kube: KubeApi, namespace: str, name: str, role: Role) -> Pool | None:
-    """Replicas from the child Deployment and its pods; None before the Deployment exists."""
+def read_pool(kube: KubeApi, namespace: str, name: str, role: Role, multi_node: bool = False) -> Pool | None:
+    """Replicas from the child Deployment, or the LeaderWorkerSet of a multi-node pool, and its pods; None
+    before that child exists."""
+    selector = f"{DEPLOYMENT_LABEL}={name},{ROLE_LABEL}={role}"
+    if multi_node:
+        lws = kube.get(LEADERWORKERSET, namespace, lws_name(name, role))
+        if lws is None:
+            return None
+        spec = lws.get("spec") or {}
+        size = int((spec.get("leaderWorkerTemplate") or {}).get("size", 1))
+        pods = [pod_info(p) for p in kube.list(POD, namespace, selector)]
+        return Pool(int(spec.get("replicas", 0)), group_infos(pods, size), multi_node=True)
     child = kube.get(DEPLOYMENT, namespace, f"{name}-{role}")
     if child is None:
         return None
     replicas = int((child.get("spec") or {}).get("replicas", 0))
-    selector = f"{DEPLOYMENT_LABEL}={name},{ROLE_LABEL}={role}"
     return Pool(replicas, tuple(pod_info(p) for p in kube.list(POD, namespace, selector)))
 
 

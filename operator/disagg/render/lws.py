@@ -24,6 +24,9 @@ GROUP_SIZE_ENV = "LWS_GROUP_SIZE"  # leaderWorkerTemplate.size
 WORKER_INDEX_ENV = "LWS_WORKER_INDEX"  # 0 on the leader, 1..size-1 on the workers
 # Set on every pod of a group by the controller, "0" on leaders (WorkerIndexLabelKey).
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# Set on every pod of a group: the group's index (GroupIndexLabelKey); groups beyond spec.replicas are removed
+# highest index first (the leaders are a StatefulSet's pods).
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 # Which pod of a replica an engine container is for: the only pod of a single-node replica (a Deployment's),
 # or the leader or a worker of a LeaderWorkerSet group. Only the leader (and a single pod) serves HTTP.
