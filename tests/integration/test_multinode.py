@@ -3,14 +3,16 @@ control plane with its webhooks), kwok H200 nodes and the operator as a real pro
 
 One deployment, DeepSeek-R1 wide-EP on vLLM with 2-node groups for prefill and decode on the cluster's 8
 H200 nodes: its groups become Ready (every pod of a group Ready, the webhook's group labels and leader
-address on them); the role Services reach leaders only and the router discovers leaders only; decode scales
-by whole groups (up: new groups with all their pods; down: the highest group goes, leader and workers,
-and the others stay as they were); asked for a group the H200 nodes can't hold, the autoscaler sees a
-Pending group, sets ScalingLimited and brings the pool back to what fits.
+address on them); the role Services reach leaders only and the router discovers leaders only; decode
+scales by whole groups: up, new groups with all their pods; asked for a group the H200 nodes can't hold,
+the autoscaler sees a Pending group, sets ScalingLimited and brings the pool back to what fits; down, the
+highest group goes, leader and workers, the workers running on while the leader drains, and the other
+groups stay as they were.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from disagg.cluster.kwok_stages import TERMINATE_AFTER_GRACE
 from disagg.cluster.wait import wait_for
 from disagg.k8s.client import (
     DEPLOYMENT,
@@ -58,6 +61,12 @@ def deployment(namespace: str) -> JsonDict:
     del spec["model"]["cache"]
     del spec["model"]["source"]["huggingFace"]["tokenSecretRef"]
     spec["decode"]["parallelism"] = dict(spec["prefill"]["parallelism"])
+    # a short drain, which kwok holds each decode pod through (its grace period: 1 + 5 + 10 s margin)
+    spec["decode"].update(
+        preStopSleepSeconds=1,
+        shutdownTimeoutSeconds=5,
+        podTemplate={"metadata": {"annotations": {TERMINATE_AFTER_GRACE: "true"}}},
+    )
     return dict(doc)
 
 
@@ -237,18 +246,41 @@ def test_multi_node_groups_run_route_to_leaders_scale_whole_and_report_when_they
     assert lws(kube, namespace, "decode")["spec"]["replicas"] == 3
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in decode_pods(kube, namespace)} == uids
 
-    # ... and down by hand (autoscaling off): the highest group goes whole, the others stay untouched
+    # ... and down by hand (autoscaling off): the highest group goes whole, the others stay untouched. The
+    # leader drains first (preStop, then the engine finishes its streams within its grace period) while
+    # its worker, whose ranks serve those streams, runs on: LWS deletes the worker StatefulSet only with
+    # the leader pod that owns it.
     kube.request(
         "PATCH",
         DISAGG_DEPLOYMENT.path(namespace, NAME),
         body={"spec": {"autoscaling": {"enabled": False}, "decode": {"replicas": 2}}},
         content_type=MERGE_PATCH,
     )
+    leader, worker = f"{NAME}-decode-lws-2", f"{NAME}-decode-lws-2-1"
+
+    def draining() -> JsonDict | None:
+        pod = kube.get(POD, namespace, leader)
+        return pod if pod is not None and pod["metadata"].get("deletionTimestamp") else None
+
+    assert poll(draining, what=f"{leader} terminating")["metadata"]["deletionGracePeriodSeconds"] == 16
+    deadline, samples = time.monotonic() + TIMEOUT_S, 0
+    while time.monotonic() < deadline:
+        peer = kube.get(POD, namespace, worker)  # read first: the leader, read after, was there before
+        if kube.get(POD, namespace, leader) is None:
+            break
+        assert peer is not None and ready(peer), f"{worker} went while its leader drained"
+        assert not peer["metadata"].get("deletionTimestamp"), f"{worker} terminating while its leader drained"
+        samples += 1
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"{leader} still there {TIMEOUT_S:.0f} s after its removal began")
+    assert samples >= 4, f"{leader} was gone {samples} samples into its 16 s grace period"
     after = wait_decode_groups(kube, namespace, 2)
     assert after == {k: v for k, v in before.items() if k != "2"}
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in decode_pods(kube, namespace)} == {
         name: uid for name, uid in uids.items() if "-decode-lws-2" not in name
     }
+    poll(lambda: kube.get(POD, namespace, worker) is None, what=f"{worker} removed after its leader")
     assert operator.alive()
 
     # leave the H200 nodes free for whatever runs next

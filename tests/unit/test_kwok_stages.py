@@ -8,6 +8,7 @@ import yaml
 
 from disagg.cluster.kwok_stages import (
     READY_WHEN_SERVED,
+    TERMINATE_AFTER_GRACE,
     TWIN_ENDPOINT,
     kwok_config_documents,
     pod_stages,
@@ -54,3 +55,14 @@ def test_a_pod_that_asks_is_held_unready_until_the_twin_serves_it() -> None:
     # every stage is one YAML document kwok can read
     documents = yaml.safe_load_all(yaml.safe_dump_all(kwok_config_documents()))
     assert {d["kind"] for d in documents} == {"Stage"}
+
+
+def test_a_pod_that_asks_is_removed_only_when_its_grace_period_ends() -> None:
+    stages = _by_name()
+    opt_in = f'.metadata.annotations["{TERMINATE_AFTER_GRACE}"]'
+    at_once, after_grace = stages["disagg-pod-delete"], stages["disagg-pod-delete-after-grace"]
+    assert _keys(at_once)[opt_in] == ("DoesNotExist", ()) and "delay" not in at_once
+    assert _keys(after_grace)[opt_in] == ("Exists", ())
+    assert _keys(after_grace)[".metadata.deletionTimestamp"] == ("Exists", ())
+    assert after_grace["delay"]["durationFrom"] == {"expressionFrom": ".metadata.deletionTimestamp"}
+    assert after_grace["next"] == {"delete": True}

@@ -1,5 +1,6 @@
 """A local Kubernetes control plane made of real components (etcd, kube-apiserver, controller-manager,
-scheduler, kwok) plus Prometheus, built from the package registries and cached under ~/.cache/disagg."""
+scheduler, kwok, the LeaderWorkerSet controller) plus Prometheus, built from the package registries and
+cached under ~/.cache/disagg."""
 
 from disagg.cluster.local import (
     DEFAULT_NODE_POOLS,

@@ -122,7 +122,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parents=[common],
         help="start the control plane (or reuse the running one) and wait for Ready nodes",
     )
-    up.add_argument("--nodes", help="node pools, TYPE=COUNT[xGPUS][:PRODUCT],... (default h100=4x8,l40s=2x8)")
+    up.add_argument(
+        "--nodes", help="node pools, TYPE=COUNT[xGPUS][:PRODUCT],... (default h100=4x8,l40s=2x8,h200=8x8)"
+    )
     up.set_defaults(func=cmd_up)
     down = sub.add_parser(
         "down", parents=[common], help="stop every process the cluster started and remove its state"

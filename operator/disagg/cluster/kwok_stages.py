@@ -2,7 +2,10 @@
 
 kwok (v0.8) refuses to start without stages. These are written for this project: a node turns Ready with the
 capacity it was created with and keeps a heartbeat; a pod bound to a kwok node becomes Running and Ready at
-once (with a pod IP from kwok's --cidr, or the node IP for hostNetwork pods); a pod being deleted is removed.
+once (with a pod IP from kwok's --cidr, or the node IP for hostNetwork pods); a pod being deleted is removed
+at once, or, annotated ``disagg.dev/terminate-after-grace``, when its termination grace period ends (its
+deletionTimestamp), as a kubelet whose engine drains for the whole grace would hold it (how kwok's own
+pod-delete stage reads the deletionTimestamp: its kustomize/stage/pod/general/pod-delete.yaml).
 The Stage API and the template functions (Now, Quote, YAML, Version, NodeConditions, NodeIP,
 NodeIPWith, PodIPWith) are
 kwok's: https://kwok.sigs.k8s.io/docs/user/stages-configuration/
@@ -21,6 +24,8 @@ from typing import Any
 _READY = '.status.conditions.[] | select( .type == "Ready" ) | .status'
 # opt-in: kwok holds the pod's Ready condition False until the live twin serves it
 READY_WHEN_SERVED = "disagg.dev/ready-when-served"
+# opt-in: kwok removes a pod being deleted only at its deletionTimestamp (the end of its grace period)
+TERMINATE_AFTER_GRACE = "disagg.dev/terminate-after-grace"
 # what the live twin annotates a pod with once its engine serves (disagg.twin.live.follower)
 TWIN_ENDPOINT = "disagg.dev/twin-endpoint"
 
@@ -215,13 +220,22 @@ def pod_stages() -> list[dict[str, Any]]:
         ],
         {"statusTemplate": _POD_SERVED},
     )
+    deleting = {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
     delete = _stage(
         "disagg-pod-delete",
         "Pod",
-        [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+        [deleting, {"key": _annotation(TERMINATE_AFTER_GRACE), "operator": "DoesNotExist"}],
         {"delete": True},
     )
-    return [running, held, served, delete]
+    delete_after_grace = _stage(
+        "disagg-pod-delete-after-grace",
+        "Pod",
+        [deleting, {"key": _annotation(TERMINATE_AFTER_GRACE), "operator": "Exists"}],
+        {"delete": True},
+        # a time: kwok waits until then (pkg/apis/v1alpha1 StageDelay.DurationFrom)
+        delay={"durationMilliseconds": 0, "durationFrom": {"expressionFrom": ".metadata.deletionTimestamp"}},
+    )
+    return [running, held, served, delete, delete_after_grace]
 
 
 def kwok_config_documents(settings: StageSettings | None = None) -> list[dict[str, Any]]:
