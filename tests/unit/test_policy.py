@@ -879,12 +879,14 @@ def test_a_decode_shrink_is_proven_against_the_kv_peak_of_the_scale_down_window(
     # the window's earlier evaluations already wanted one replica
     wanted = PolicyState(recommendations=tuple(Recommendation(now - 30.0 * k, 8, 1) for k in range(1, 11)))
     shrunk, state = run(o, policy, wanted, bounds)
-    held, _ = run(o, policy, replace(wanted, decode_load=((now - 60.0, 0.8 * 2, 40.0),)), bounds)
+    held, _ = run(o, policy, replace(wanted, decode_load=((now - 60.0, 0.8 * 2, 40.0, 1.0),)), bounds)
     # outside the window: forgotten
-    again, _ = run(o, policy, replace(wanted, decode_load=((now - 900.0, 0.8 * 2, 40.0),)), bounds)
+    again, _ = run(o, policy, replace(wanted, decode_load=((now - 900.0, 0.8 * 2, 40.0, 1.0),)), bounds)
     assert held.decode == 2
     assert shrunk.decode == again.decode == 1
-    assert state.decode_load == ((now, 0.2 * 2, 20.0),)  # the pool's KV in replica caches, recorded
+    assert state.decode_load == (
+        (now, 0.2 * 2, 20.0, 200.0 * (4000.0 + 100.0)),
+    )  # the pool's KV in replica caches, recorded
 
 
 def test_a_decode_breach_grows_the_pool_only_once_its_last_growth_served_a_window() -> None:
@@ -922,3 +924,17 @@ def test_model_based_sizes_a_wide_ep_deployment_with_its_own_layout(example: str
     assert "ModelUnavailable" not in codes(d)
     decode = [r for r in d.reasons if r.role == "decode"]
     assert decode and all(r.code != "MetricsMissing" for r in decode)
+
+
+def test_a_prompt_longer_than_the_token_budget_shares_its_last_step_at_load() -> None:
+    # 10k tokens over an 8192-token budget: one step full of its own tokens, and a last chunk of 1808
+    # tokens that, under load, shares its step with the prompts that arrived meanwhile; a multiple of
+    # the budget fills its steps alone whatever the load
+    from disagg.policy.capacity import load_models, prefill_latency_at_load
+
+    lm = load_models(ServingProfile("llama-3.1-70b", "h100", 2, 2, "fp8")).prefill
+    alone = lm.prefill_time_s([10_000])
+    assert prefill_latency_at_load(lm, 10_000, 8192, 0.0) == pytest.approx(alone)
+    busy = prefill_latency_at_load(lm, 10_000, 8192, 20_000.0)
+    assert alone < busy < alone + lm.prefill_time_s([8192])
+    assert prefill_latency_at_load(lm, 16_384, 8192, 20_000.0) == pytest.approx(lm.prefill_time_s([16_384]))

@@ -26,7 +26,7 @@ def _state(now: float = NOW) -> PolicyState:
         work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
         prefill_fell_behind=(now - 1200.0,),
-        decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i) for i in range(10, -1, -1)),
+        decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i, 5e5 + i) for i in range(10, -1, -1)),
         slo_spend=0.125,
     )
 
@@ -51,7 +51,7 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert len(restored.decode_load) == len(state.decode_load)
     for d0, d1 in zip(state.decode_load, restored.decode_load, strict=True):
         assert abs(d0[0] - d1[0]) <= 0.5
-        assert d1[1] == pytest.approx(d0[1], rel=5e-3) and d1[2] == pytest.approx(d0[2], rel=5e-3)
+        assert all(d1[k] == pytest.approx(d0[k], rel=5e-3) for k in (1, 2, 3))
 
 
 def test_the_stabilisation_window_and_ceilings_start_fresh() -> None:
@@ -117,7 +117,12 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     memory["lastScaleUp"] = {"decode": "yesterday", "prefill": NOW - 50.0}
     memory["lastScaleDown"] = ["decode", NOW]
     memory["sloSpend"] = "lots"
-    memory["decodeLoad"] = [*memory["decodeLoad"][-2:], [NOW, 1.0], [NOW, "full", 3.0], [NOW, -1.0, 2.0]]
+    memory["decodeLoad"] = [
+        *memory["decodeLoad"][-2:],
+        [NOW, 1.0, 2.0],
+        [NOW, "full", 3.0, 1.0],
+        [NOW, -1.0, 2.0, 1.0],
+    ]
     restored = from_memory(memory, NOW)
     assert len(restored.load_history) == 3
     assert len(restored.decode_load) == 2

@@ -45,6 +45,7 @@ from disagg.policy.model_based import (
     RECURRENCE_S,
     computed_prompts,
     forecast_window_s,
+    kv_footprint,
     model_based_proposal,
     update_corrections,
     work_sample,
@@ -471,9 +472,14 @@ def decide(
         ((now, *work),) if work is not None else ()
     )
     kv_used, running = observation.decode.kv_usage, observation.decode.running
+    footprint = kv_footprint(observation)
     decode_load = tuple(d for d in state.decode_load if now - d[0] <= windows[1]) + (
-        ((now, kv_used.value * observation.decode.ready, running.value),)
-        if kv_used.ok and kv_used.value is not None and running.ok and running.value is not None
+        ((now, kv_used.value * observation.decode.ready, running.value, footprint),)
+        if kv_used.ok
+        and kv_used.value is not None
+        and running.ok
+        and running.value is not None
+        and footprint is not None
         else ()
     )
     new_state = PolicyState(

@@ -179,7 +179,7 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         _restore_time(v, now) for v in (raw_episodes if isinstance(raw_episodes, list) else ())
     )
     episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
-    decode_load = [(t, kv, run) for t, kv, run in _restore_samples(data.get("decodeLoad"), now, 3)]
+    decode_load = [(t, kv, run, fp) for t, kv, run, fp in _restore_samples(data.get("decodeLoad"), now, 4)]
     return PolicyState(
         prefill_fell_behind=tuple(episodes),
         decode_load=tuple(decode_load[-MAX_SAMPLES:]),

@@ -339,10 +339,31 @@ def grown_and_settled(
     return up is None or now - up >= startup + float(policy.metric_window_seconds)
 
 
+def kv_footprint(obs: Observation) -> float | None:
+    """The KV a request holds over its decode, in token-steps: output x (prompt + output / 2); None when a
+    length is unmeasured. With a steady request rate and ITL, the decode pool's KV use is proportional
+    to it (Little's law)."""
+    prompt, out = _v(obs.prompt_tokens_mean), _v(obs.output_tokens_mean)
+    if prompt is None or out is None:
+        return None
+    return out * (prompt + out / 2.0)
+
+
+def footprint_growing(state: PolicyState, obs: Observation, now: float, window_s: float, tol: float) -> bool:
+    """Whether the KV footprint of a request (:func:`kv_footprint`) grew by more than the tolerance band
+    over the last ``window_s``: the traffic mix is moving toward longer prompts or answers, and the KV
+    the pool holds lags behind it by the answers still to start (seen: code -> documents shrank decode
+    2 -> 1 at 33% KV while outputs grew from 60 to 75 tokens; 30 s later the one cache was full, 400
+    requests queued behind it, TTFT 48 s)."""
+    now_fp = kv_footprint(obs)
+    past = [fp for t, _, _, fp in state.decode_load if now - t <= window_s and fp > 0]
+    return now_fp is not None and bool(past) and now_fp > (1.0 + tol) * min(past)
+
+
 def decode_load_peak(state: PolicyState, now: float, window_s: float) -> tuple[float | None, float | None]:
     """The decode pool's peak KV in use (in replica caches) and peak running sequences over the last
     ``window_s`` (None when nothing was recorded)."""
-    recent = [(kv, run) for t, kv, run in state.decode_load if now - t <= window_s]
+    recent = [(kv, run) for t, kv, run, _ in state.decode_load if now - t <= window_s]
     if not recent:
         return None, None
     return max(kv for kv, _ in recent), max(run for _, run in recent)
@@ -581,6 +602,9 @@ def model_based_proposal(
     kv_full = kv is not None and kv >= policy.feedback.kv_usage_high and (waiting or 0.0) > 0
     if kv_full and obs.decode.ready >= obs.decode.replicas:
         n_d = max(n_d, 2 * obs.decode.replicas)
+    down_window = float(policy.scale_down.stabilization_window_seconds)
+    if n_d < obs.decode.replicas and footprint_growing(state, obs, now, down_window, tol):
+        n_d = obs.decode.replicas
     if n_d < obs.decode.replicas:
         # the model may shrink decode only as far as the observed ITL and KV prove safe: the ITL now,
         # grown by the latency model's step shape at the batch the survivors would carry, and the KV
@@ -595,7 +619,7 @@ def model_based_proposal(
             step_shape(models.decode, context),
             dp.shrink_peak / rate if rate > 0 else 1.0,
             batch or None,
-            *decode_load_peak(state, now, float(policy.scale_down.stabilization_window_seconds)),
+            *decode_load_peak(state, now, down_window),
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
     ttft, itl = _v(obs.ttft), _v(obs.itl)

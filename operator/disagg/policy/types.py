@@ -161,10 +161,11 @@ class PolicyState:
     # when arrivals outran the prefill pool (the start of each such episode) within the last hour: a pool
     # caught out by traffic returning to a level it had seen keeps what that level needs for the hour
     prefill_fell_behind: tuple[float, ...] = ()
-    # (time, decode KV in use in replica caches: usage x ready replicas, sequences running at decode)
-    # over the scale-down window: a decode shrink is proven against the window's peak, not one scrape
-    # (with heavy-tailed prompts the pool's KV use swings two-fold between scrapes)
-    decode_load: tuple[tuple[float, float, float], ...] = ()
+    # (time, decode KV in use in replica caches: usage x ready replicas, sequences running at decode,
+    # KV footprint of a request: output x (prompt + output / 2) tokens) over the scale-down window: a
+    # decode shrink is proven against the window's peak, not one scrape (with heavy-tailed prompts the
+    # pool's KV use swings two-fold between scrapes), and not while the footprint grows
+    decode_load: tuple[tuple[float, float, float, float], ...] = ()
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
