@@ -173,10 +173,14 @@ class Pool:
         self.role = role
         self.spec = spec
         self.latency = latency
+        # the engine limits are per data-parallel rank: each rank is an engine core with its own
+        # scheduler (vLLM data parallelism: one EngineCore per DP rank, each with the scheduler config's
+        # max_num_seqs and max_num_batched_tokens); the twin steps the replica as one engine whose step
+        # the latency model splits over the ranks, so its limits are the ranks' together
         self.settings = EngineSettings(
             role=role,
-            max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_num_seqs=spec.max_num_seqs * spec.dp,
+            max_num_batched_tokens=spec.max_num_batched_tokens * spec.dp,
             prefix_caching=prefix_caching,
             hold_kv_until_released=role == "prefill",
         )
