@@ -938,3 +938,23 @@ def test_a_prompt_longer_than_the_token_budget_shares_its_last_step_at_load() ->
     busy = prefill_latency_at_load(lm, 10_000, 8192, 20_000.0)
     assert alone < busy < alone + lm.prefill_time_s([8192])
     assert prefill_latency_at_load(lm, 16_384, 8192, 20_000.0) == pytest.approx(lm.prefill_time_s([16_384]))
+
+
+def test_a_decode_shrink_fits_the_kv_a_rising_request_footprint_will_bring() -> None:
+    # the window's requests held a third of the KV each one brings now (output x context): the mix is
+    # moving toward longer answers or prompts. At 20% KV the survivor would hold 2 x 20% x 3: no shrink;
+    # at 2% KV the same growth fits one replica easily (a blanket hold kept an idle pool at two)
+    now = 5000.0
+    o, policy, bounds = _shrinkable_decode(now)
+    policy = policy.model_copy(
+        update={"scale_down": policy.scale_down.model_copy(update={"stabilization_window_seconds": 300})}
+    )
+    footprint = 200.0 * (4000.0 + 100.0)
+    wanted = PolicyState(recommendations=tuple(Recommendation(now - 30.0 * k, 8, 1) for k in range(1, 11)))
+    rising = replace(wanted, decode_load=((now - 120.0, 0.1, 10.0, footprint / 3),))
+    held, _ = run(o, policy, rising, bounds)
+    idle = replace(o, decode=replace(o.decode, kv_usage=Measured.of(0.02)))
+    shrunk, _ = run(idle, policy, rising, bounds)
+    steady, _ = run(o, policy, replace(wanted, decode_load=((now - 120.0, 0.1, 10.0, footprint),)), bounds)
+    assert held.decode == 2
+    assert shrunk.decode == steady.decode == 1

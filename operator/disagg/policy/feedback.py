@@ -229,6 +229,7 @@ def smallest_safe_decode(
     kv_batch: int | None = None,
     peak_kv: float | None = None,
     peak_running: float | None = None,
+    kv_growth: float = 1.0,
 ) -> tuple[int, str] | None:
     """Fewest decode replicas whose predicted ITL and KV usage stay safe, or None if unprovable.
 
@@ -246,13 +247,14 @@ def smallest_safe_decode(
     ``peak_kv`` (KV in use over the scale-down window at its peak, in replica caches: usage x ready
     replicas) and ``peak_running`` (running sequences at the window's peak): the proof holds at the
     higher of them and the present reading grown by ``load_ratio``, since one scrape of a heavy-tailed
-    pool's KV use may catch it at a trough.
+    pool's KV use may catch it at a trough. ``kv_growth``: how much more KV a request brings now than
+    over the window (its footprint is rising), applied to the present reading on top of ``load_ratio``.
     """
     itl = _val(obs.itl)
     kv = _val(obs.decode.kv_usage)
     if itl is None or kv is None or n <= 0:
         return None
-    kv = max(kv * max(load_ratio, 1.0), (peak_kv or 0.0) / n)
+    kv = max(kv * max(load_ratio, 1.0) * max(kv_growth, 1.0), (peak_kv or 0.0) / n)
     running = _val(obs.decode.running)
     if running is not None:
         running = max(running * load_ratio, peak_running or 0.0)

@@ -349,15 +349,18 @@ def kv_footprint(obs: Observation) -> float | None:
     return out * (prompt + out / 2.0)
 
 
-def footprint_growing(state: PolicyState, obs: Observation, now: float, window_s: float, tol: float) -> bool:
-    """Whether the KV footprint of a request (:func:`kv_footprint`) grew by more than the tolerance band
-    over the last ``window_s``: the traffic mix is moving toward longer prompts or answers, and the KV
-    the pool holds lags behind it by the answers still to start (seen: code -> documents shrank decode
-    2 -> 1 at 33% KV while outputs grew from 60 to 75 tokens; 30 s later the one cache was full, 400
-    requests queued behind it, TTFT 48 s)."""
+def footprint_growth(state: PolicyState, obs: Observation, now: float, window_s: float) -> float:
+    """How far the KV footprint of a request (:func:`kv_footprint`) rose over the last ``window_s``: now
+    over the window's lowest, at least 1. A rising footprint is a traffic mix moving toward longer
+    prompts or answers, and the KV the pool holds lags behind it by the answers still to start; a
+    decode shrink must fit the KV grown by as much again (seen: code -> documents shrank decode 2 -> 1
+    at 33% KV while outputs grew from 60 to 75 tokens; 30 s later the one cache was full, 400 requests
+    queued behind it, TTFT 48 s)."""
     now_fp = kv_footprint(obs)
     past = [fp for t, _, _, fp in state.decode_load if now - t <= window_s and fp > 0]
-    return now_fp is not None and bool(past) and now_fp > (1.0 + tol) * min(past)
+    if now_fp is None or not past:
+        return 1.0
+    return max(1.0, now_fp / min(past))
 
 
 def decode_load_peak(state: PolicyState, now: float, window_s: float) -> tuple[float | None, float | None]:
@@ -603,8 +606,6 @@ def model_based_proposal(
     if kv_full and obs.decode.ready >= obs.decode.replicas:
         n_d = max(n_d, 2 * obs.decode.replicas)
     down_window = float(policy.scale_down.stabilization_window_seconds)
-    if n_d < obs.decode.replicas and footprint_growing(state, obs, now, down_window, tol):
-        n_d = obs.decode.replicas
     if n_d < obs.decode.replicas:
         # the model may shrink decode only as far as the observed ITL and KV prove safe: the ITL now,
         # grown by the latency model's step shape at the batch the survivors would carry, and the KV
@@ -620,6 +621,7 @@ def model_based_proposal(
             dp.shrink_peak / rate if rate > 0 else 1.0,
             batch or None,
             *decode_load_peak(state, now, down_window),
+            kv_growth=footprint_growth(state, obs, now, down_window),
         )
         n_d = max(n_d, safe[0] if safe is not None else obs.decode.replicas)
     ttft, itl = _v(obs.ttft), _v(obs.itl)
