@@ -437,3 +437,23 @@ def test_render_holds_the_pools_at_zero_until_the_model_is_cached() -> None:
     done = model_cache_state(spec, job(conditions=[{"type": "Complete", "status": "True"}]))
     _, replicas, _ = render(spec, done)
     assert replicas == {"prefill": 2, "decode": 1}
+
+
+@pytest.mark.parametrize("example", ["deepseek-r1-wideep-vllm.yaml", "deepseek-r1-wideep-sglang.yaml"])
+def test_a_wide_ep_replica_starts_in_the_time_its_whole_checkpoint_takes(example: str) -> None:
+    # DeepSeek-R1 is published in FP8: 671B parameters, ~671 GB that every node of a group fetches (vLLM
+    # and SGLang load from a local path on each node); the policy plans over that, not over the default
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.perf.startup import checkpoint_bytes
+    from disagg.policy.bounds import bounds_for
+
+    assert checkpoint_bytes("deepseek-ai/DeepSeek-R1", "bf16") == pytest.approx(671e9, rel=0.01)
+    assert checkpoint_bytes("deepseek-ai/DeepSeek-R1", "fp8") == checkpoint_bytes("deepseek-r1", "bf16")
+    doc = next(
+        d
+        for d in yaml.safe_load_all((REPO / "examples" / example).read_text())
+        if d and d["kind"] == "DisaggregatedDeployment"
+    )
+    dd = DisaggregatedDeployment.model_validate(doc)
+    cached = weights_cached(dd.spec.to_api())
+    assert bounds_for(dd).decode.startup_seconds == pytest.approx(startup_delay_s(671e9, cached), rel=0.01)

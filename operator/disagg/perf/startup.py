@@ -95,13 +95,28 @@ def spec_startup_delay_s(
     name = model.get("name")
     if not isinstance(name, str):
         raise ValueError("spec.model.name: a DisaggregatedDeployment needs a model name for the twin")
-    weight_bytes = load_model_config(name).weight_bytes(dtype)
-    return startup_delay_s(weight_bytes, weights_cached(spec), assumptions)
+    return startup_delay_s(checkpoint_bytes(name, dtype), weights_cached(spec), assumptions)
+
+
+def checkpoint_bytes(model: str, dtype: str) -> float:
+    """The bytes of a model's weights a pod fetches and reads: params x bytes of ``dtype`` (a checkpoint
+    published quantized, DeepSeek's FP8 or gpt-oss's MXFP4, at its own format when ``dtype`` is bf16).
+    Every pod of a multi-node replica fetches the whole checkpoint into its own node's storage, as vLLM
+    and SGLang load from a local path on each node. ValueError when the twin has no profile of it."""
+    from disagg.perf.moe import Parallelism, load_moe_archs, resolve_moe_model
+
+    arch_name = resolve_moe_model(model)
+    if arch_name is None:
+        return load_model_config(model).weight_bytes(dtype)
+    arch = load_moe_archs()[arch_name]
+    kind = arch.native_dtype if dtype == "bf16" else dtype
+    return arch.weight_bytes_per_gpu(kind, Parallelism())  # one GPU holding everything: the whole
 
 
 __all__ = [
     "DEFAULT_ASSUMPTIONS",
     "StartupAssumptions",
+    "checkpoint_bytes",
     "spec_startup_delay_s",
     "startup_delay_s",
     "weights_cached",
