@@ -50,3 +50,14 @@ def test_a_process_whose_name_looks_like_a_zombie_state_is_running() -> None:
         assert child.stdin is not None
         child.stdin.close()
         child.wait()
+
+
+def test_node_pools_from_the_command_line_carry_rdma_where_the_default_pools_do() -> None:
+    # a custom H200 pool must still schedule the multi-node RDMA examples (rdma/ib per GPU), an L40S
+    # pool (no RDMA in the defaults) gets none
+    from disagg.cluster.cli import parse_node_pools
+
+    h200, l40s, h100 = parse_node_pools("h200=4x8,l40s=2x8,h100=2x4")
+    assert dict(h200.extended) == {"rdma/ib": "8"}
+    assert dict(h100.extended) == {"rdma/ib": "4"}
+    assert l40s.extended == ()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from disagg.clicommon import EXIT_FAILURE, EXIT_USAGE
 from disagg.cluster.binaries import COMPONENT_OF, BinaryError, ensure_all
+from disagg.cluster.layout import DEFAULT_NODE_POOLS
 from disagg.cluster.local import ClusterError, LocalCluster, NodePool
 
 # GPU type -> the nvidia.com/gpu.product label GPU feature discovery puts on such nodes
@@ -22,6 +23,9 @@ KNOWN_PRODUCTS: dict[str, str] = {
     "l40s": "NVIDIA-L40S",
     "l4": "NVIDIA-L4",
 }
+
+# the GPU types whose default node pools advertise rdma/ib (cluster.layout.DEFAULT_NODE_POOLS)
+RDMA_TYPES = frozenset(pool.gpu_type for pool in DEFAULT_NODE_POOLS if dict(pool.extended).get("rdma/ib"))
 
 _POOL = re.compile(
     r"^(?P<type>[a-z0-9-]+)=(?P<count>\d+)(?:x(?P<gpus>\d+))?(?::(?P<product>[A-Za-z0-9._-]+))?$"
@@ -42,8 +46,17 @@ def parse_node_pools(text: str) -> tuple[NodePool, ...]:
                 f"--nodes: unknown GPU type {gpu_type!r}; name its product, e.g. {gpu_type}=2x8:NVIDIA-X"
             )
         gpus = int(match["gpus"]) if match["gpus"] else 8
+        # SXM nodes of the RDMA types carry one RDMA device per GPU, as the default pools do, so the
+        # RDMA and multi-node examples schedule on a pool given here too
+        extended = (("rdma/ib", str(gpus)),) if gpu_type in RDMA_TYPES else ()
         pools.append(
-            NodePool(gpu_type=gpu_type, product=product, count=int(match["count"]), gpus_per_node=gpus)
+            NodePool(
+                gpu_type=gpu_type,
+                product=product,
+                count=int(match["count"]),
+                gpus_per_node=gpus,
+                extended=extended,
+            )
         )
     if not pools:
         raise ValueError("--nodes: no node pool given")
