@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from disagg.api.deployment import DisaggregatedDeployment
+from disagg.api.podtemplate import deep_merge
 from disagg.api.support import CONNECTORS, ENGINES, SUPPORT_MATRIX, combination, with_support_matrix
 from disagg.render import build_prefill_deployment, build_router_deployment, render_children
-from disagg.render.builders import deep_merge
 from disagg.render.connectors import CONNECTORS as CONNECTOR_MODULES
 from disagg.render.engines import ENGINES as ENGINE_MODULES
 from disagg.render.routers import ROUTERS

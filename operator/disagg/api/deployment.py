@@ -23,6 +23,7 @@ Example (see examples/ for one per accepted engine and KV connector)::
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, Literal, Self
 
@@ -42,6 +43,7 @@ from disagg.api.common import (
     StringMap,
 )
 from disagg.api.owned import EngineArgList, EngineEnvList, PodTemplateOverride
+from disagg.api.podtemplate import deep_merge
 from disagg.api.ratiopolicy import Mode
 from disagg.api.status import (
     MAX_DECISION_MESSAGE,
@@ -760,6 +762,67 @@ class RoleSpec(ApiModel):
         return self.gpus_per_node * self.nodes_per_replica
 
 
+# ---------------------------------------------------------------------------------------------- common
+
+
+class CommonSpec(ApiModel):
+    """Pod settings both pools inherit; a pool may override each of them (spec.prefill, spec.decode).
+
+    What a pool renders with is its effective spec: :meth:`DisaggregatedDeploymentSpec.role`, the same for
+    the renderer, the autoscaler's bounds (the GPU a nodeSelector names) and the twin. The merge, field by
+    field: nodeSelector key by key (the pool's value wins), tolerations concatenated (common's first),
+    affinity the pool's when set (an empty {} clears common's), otherwise common's, env by name (the
+    pool's variable wins, in common's position), podTemplate the pool's merged over common's with the
+    rules a podTemplate merges over the rendered pod.
+    """
+
+    node_selector: StringMap | None = Field(
+        default=None,
+        description="Node labels both pools' pods require, merged key by key with a pool's nodeSelector "
+        "(the pool's value wins for a key both set).",
+    )
+    tolerations: FreeFormList | None = Field(
+        default=None,
+        description="Pod tolerations (Kubernetes form) of both pools, followed by a pool's own "
+        "(concatenated, common's first).",
+    )
+    affinity: FreeFormObject | None = Field(
+        default=None,
+        description="Pod affinity (Kubernetes form) of both pools; a pool's affinity, when set, replaces "
+        "it whole (set {} on a pool to drop it there).",
+    )
+    env: EngineEnvList = Field(
+        default_factory=list,
+        description="Extra environment variables of both pools' engine containers, after spec.engine.env "
+        "(a variable of the same name wins over it); merged by name with a pool's env (the pool's wins).",
+    )
+    pod_template: PodTemplateOverride | None = Field(
+        default=None,
+        description="Pod template override ({metadata, spec}) of both pools. A pool's podTemplate is merged "
+        "over it (containers, volumes and env by name, volumeMounts by mountPath, ports by containerPort, a "
+        "volume or env var of the same name replaced, other lists replaced), and the result over the "
+        "rendered pod template as a pool's podTemplate alone would be.",
+    )
+
+    def under(self, own: RoleSpec) -> RoleSpec:
+        """``own`` with these settings merged in: the pool's effective spec (see the class)."""
+        env = {item.name: item for item in [*self.env, *own.env]}  # the pool's wins, first position kept
+        pod_template = own.pod_template
+        if self.pod_template and own.pod_template:
+            pod_template = deep_merge(copy.deepcopy(self.pod_template), own.pod_template)
+        elif self.pod_template:
+            pod_template = copy.deepcopy(self.pod_template)
+        return own.model_copy(
+            update={
+                "node_selector": {**(self.node_selector or {}), **(own.node_selector or {})} or None,
+                "tolerations": [*(self.tolerations or []), *(own.tolerations or [])] or None,
+                "affinity": own.affinity if own.affinity is not None else self.affinity,
+                "env": list(env.values()),
+                "pod_template": pod_template,
+            }
+        )
+
+
 # ----------------------------------------------------------------------------------------------- router
 
 
@@ -952,11 +1015,20 @@ class DisaggregatedDeploymentSpec(ApiModel):
     model: ModelSpec = Field(description="The model to serve.")
     engine: EngineSpec = Field(description="The inference engine.")
     kv_transfer: KVTransferSpec = Field(description="How KV caches move from prefill to decode.")
+    common: CommonSpec | None = Field(
+        default=None,
+        description="Pod settings both pools inherit (nodeSelector, tolerations, affinity, env, "
+        "podTemplate); each pool may override them, field by field as CommonSpec describes.",
+    )
     prefill: RoleSpec = Field(
-        default_factory=RoleSpec, description="The prefill pool.", json_schema_extra={"default": {}}
+        default_factory=RoleSpec,
+        description="The prefill pool (merged over spec.common).",
+        json_schema_extra={"default": {}},
     )
     decode: RoleSpec = Field(
-        default_factory=RoleSpec, description="The decode pool.", json_schema_extra={"default": {}}
+        default_factory=RoleSpec,
+        description="The decode pool (merged over spec.common).",
+        json_schema_extra={"default": {}},
     )
     router: RouterSpec = Field(
         default_factory=RouterSpec,
@@ -1023,7 +1095,12 @@ class DisaggregatedDeploymentSpec(ApiModel):
         return self
 
     def role(self, role: RoleName) -> RoleSpec:
-        return self.prefill if role == "prefill" else self.decode
+        """The effective spec of pool ``role``: spec.prefill or spec.decode with spec.common merged in
+        (:meth:`CommonSpec.under`). Every consumer reads a pool through this (the renderer, the
+        autoscaler's bounds, the twin), so none sees common's settings differently; the fields as written
+        are spec.prefill and spec.decode. Without spec.common it is the pool's own object."""
+        own = self.prefill if role == "prefill" else self.decode
+        return own if self.common is None else self.common.under(own)
 
     def min_replicas(self, role: RoleName) -> int:
         return self.replica_bounds(role).min_replicas
@@ -1117,6 +1194,7 @@ __all__ = [
     "ROLE_NAMES",
     "AutoscalingSpec",
     "AutoscalingStatus",
+    "CommonSpec",
     "Connector",
     "DesiredReplicas",
     "DisaggregatedDeployment",

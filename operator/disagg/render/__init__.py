@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from disagg.api.deployment import ROLE_NAMES, DisaggregatedDeployment
+from disagg.api.podtemplate import deep_merge
 from disagg.render.builders import (
     build_decode_deployment,
     build_engine_pod_template,
@@ -22,7 +23,6 @@ from disagg.render.builders import (
     build_router_deployment,
     build_router_rbac,
     build_router_service,
-    deep_merge,
 )
 from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 

@@ -7,12 +7,11 @@ plain dict ready for server-side apply.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from disagg.api.common import EnvVar
 from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
+from disagg.api.podtemplate import deep_merge
 from disagg.render.engines import (
     HF_CACHE_VOLUME,
     HF_HUB_CACHE_DIR,
@@ -52,23 +51,6 @@ MULTUS_NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 # (mlock(2): "privileged process (CAP_IPC_LOCK) ... not subject to the limit"); Kubernetes has no memlock
 # setting of its own, so the capability is how pods get "unlimited memlock".
 RDMA_CAPABILITIES = ("IPC_LOCK",)
-# Lists a strategic merge patch merges item by item, and the key it matches items on (the
-# patchMergeKey tags of k8s.io/api/core/v1 types.go). Other lists are replaced whole, as SMP does.
-SMP_MERGE_KEYS: Mapping[str, str] = MappingProxyType(
-    {
-        "containers": "name",
-        "initContainers": "name",
-        "ephemeralContainers": "name",
-        "volumes": "name",
-        "env": "name",
-        "volumeMounts": "mountPath",
-        "ports": "containerPort",
-        "imagePullSecrets": "name",
-    }
-)
-# Lists whose matching items are replaced rather than merged: a Volume is patchStrategy "retainKeys"
-# (a volume source replaced, never two sources), and an env var is exactly one of value / valueFrom.
-SMP_REPLACE_ITEMS = frozenset({"volumes", "env"})
 DOWNLOAD_CONTAINER = "download"
 # Annotations of the download Job saying what it downloads (its name carries only a hash of them).
 MODEL_ID_ANNOTATION = "disagg.dev/model-id"
@@ -102,45 +84,6 @@ def dedupe_env(env: list[Obj]) -> list[Obj]:
             seen.add(item["name"])
             result.append(by_name[item["name"]])
     return result
-
-
-def deep_merge(base: Any, override: Any, key: str | None = None) -> Any:
-    """``override`` merged over ``base`` the way a strategic merge patch merges a pod template.
-
-    Dicts merge recursively; the lists of :data:`SMP_MERGE_KEYS` merge item by item on their merge key
-    (an item of the same key merged, or replaced for :data:`SMP_REPLACE_ITEMS`; new ones appended);
-    every other value, lists included, is replaced. ``key`` is the field ``base`` is the value of.
-    """
-    if isinstance(base, dict) and isinstance(override, dict):
-        merged = dict(base)
-        for name, value in override.items():
-            merged[name] = deep_merge(base[name], value, name) if name in base else copy.deepcopy(value)
-        return merged
-    merge_key = SMP_MERGE_KEYS.get(key or "")
-    if (
-        merge_key is not None
-        and isinstance(base, list)
-        and isinstance(override, list)
-        and _keyed(base, merge_key)
-        and _keyed(override, merge_key)
-    ):
-        result = [copy.deepcopy(item) for item in base]
-        index = {item[merge_key]: i for i, item in enumerate(result)}
-        for item in override:
-            at = index.get(item[merge_key])
-            if at is None:
-                index[item[merge_key]] = len(result)
-                result.append(copy.deepcopy(item))
-            elif key in SMP_REPLACE_ITEMS:
-                result[at] = copy.deepcopy(item)
-            else:
-                result[at] = deep_merge(result[at], item)
-        return result
-    return copy.deepcopy(override)
-
-
-def _keyed(items: list[Any], merge_key: str) -> bool:
-    return all(isinstance(item, dict) and item.get(merge_key) is not None for item in items)
 
 
 def _http_probe(probe: Probe, period: int, failures: int) -> Obj:

@@ -121,8 +121,8 @@ def defaults_from_deployment(
         max_model_len=spec.model.max_model_len,
         tp={"prefill": spec.prefill.tensor_parallel_size, "decode": spec.decode.tensor_parallel_size},
         node_selector={
-            "prefill": spec.prefill.node_selector or {},
-            "decode": spec.decode.node_selector or {},
+            "prefill": spec.role("prefill").node_selector or {},
+            "decode": spec.role("decode").node_selector or {},
         },
         startup_delay_s=delay if delay is not None else base.startup_delay_s,
     )
