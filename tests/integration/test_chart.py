@@ -1,7 +1,11 @@
 """The Helm chart against the real API server of the local control plane.
 
 - ``helm lint``; ``helm template`` for several values combinations, each accepted by the API server with
-  ``kubectl apply --dry-run=server``; bad values fail at template time naming the field (values.schema.json).
+  ``kubectl apply --dry-run=server`` (the ServiceMonitor, PodMonitor and PrometheusRule against the
+  Prometheus Operator's real CRDs, which the local control plane installs); bad values fail at template
+  time naming the field (values.schema.json).
+- The PrometheusRule's PromQL passes Prometheus' own ``promtool check rules``, and ``promtool test rules``
+  shows each alert fires on the series the operator exports, after its ``for``, for this release only.
 - ``helm install``; then the operator process runs with the chart's ServiceAccount identity (a kubeconfig
   built from a TokenRequest token) and reconciles an example end to end under the chart's RBAC, and is
   denied what it should not do. ``helm upgrade`` and ``helm uninstall`` leave no orphaned objects.
@@ -46,7 +50,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "disagg-operator"
 POLICIES = REPO / "policies"
 DD_GROUP, DD_VERSION, DD_PLURAL = DISAGG_DEPLOYMENT.resource
-MONITORING_KINDS = {"ServiceMonitor", "PodMonitor"}
+# What the chart's monitoring objects need the cluster to serve (helm template --api-versions).
+PROMETHEUS_OPERATOR_APIS = tuple(
+    f"monitoring.coreos.com/v1/{kind}" for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+)
 # Short peering lifetime so the failover test waits seconds, not a minute (kopf's default is 60 s).
 PEERING_LIFETIME_S = 10
 RECONCILE_TIMEOUT_S = 90.0
@@ -197,6 +204,8 @@ def test_helm_lint_passes_for_each_scope(helm_only: Tools, tmp_path: Path) -> No
         ({"peering": {"lifetime": 1}}, "lifetime"),
         ({"replicas": 2}, "replicas"),
         ({"prometheus": {"bearerTokenSecret": {"name": "t", "value": "inline"}}}, "value"),
+        ({"monitoring": {"prometheusRule": {"alerts": {"sloBreach": {"for": "ten minutes"}}}}}, "for"),
+        ({"monitoring": {"prometheusRule": {"alerts": {"operatorDown": {"severity": ""}}}}}, "severity"),
     ],
     ids=lambda v: json.dumps(v, separators=(",", ":")) if isinstance(v, dict) else v,
 )
@@ -318,11 +327,7 @@ def test_template_is_accepted_by_the_api_server(
         values["watch"]["namespaces"] = [namespace, extra_namespace]
     if combination == "policy-library":
         values["policies"]["namespaces"] = [namespace, extra_namespace]
-    api_versions = (
-        ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor")
-        if combination == "prometheus-operator"
-        else ()
-    )
+    api_versions = PROMETHEUS_OPERATOR_APIS if combination == "prometheus-operator" else ()
     release = _release()
     docs = _render(tools, tmp_path, release, namespace, values, api_versions)
     kinds = _kinds(docs)
@@ -354,6 +359,15 @@ def test_template_is_accepted_by_the_api_server(
         assert pod_monitor["spec"]["selector"]["matchLabels"] == {
             "app.kubernetes.io/managed-by": "disagg-operator"
         }
+        (rule,) = kinds["PrometheusRule"]
+        assert len(rule["spec"]["groups"][0]["rules"]) == 4
+        # The real CRD's schema is enforced: an alert whose `for` is no Prometheus duration is refused.
+        broken = json.loads(json.dumps(rule))
+        broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
+        refused = tools.kubectl_run(
+            "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(broken), check=False
+        )
+        assert refused.returncode != 0 and "spec.groups[0].rules[0].for" in refused.stderr, refused.stderr
 
     if combination == "policy-library":
         library = {
@@ -368,11 +382,10 @@ def test_template_is_accepted_by_the_api_server(
         )
         assert all(p["spec"] == library[p["metadata"]["name"]] for p in policies)  # the library, unchanged
 
-    # The Prometheus Operator's CRDs are not installed here: dry-run everything else.
-    accepted = _dry_run(tools, [d for d in docs if d["kind"] not in MONITORING_KINDS])
+    # Everything, the monitoring objects against the Prometheus Operator's CRDs the local cluster serves.
+    accepted = _dry_run(tools, docs)
     for doc in docs:
-        if doc["kind"] not in MONITORING_KINDS:
-            assert f"{doc['metadata']['name']} created (server dry run)" in accepted, accepted
+        assert f"{doc['metadata']['name']} created (server dry run)" in accepted, accepted
 
 
 def test_policy_library_subset_and_default_namespaces(helm_only: Tools, tmp_path: Path) -> None:
@@ -385,6 +398,134 @@ def test_policy_library_subset_and_default_namespaces(helm_only: Tools, tmp_path
     docs = _render(helm_only, tmp_path, "rel", "ops", values)
     assert sorted(p["metadata"]["namespace"] for p in _kinds(docs)["RatioPolicy"]) == ["a", "b"]
     assert "RatioPolicy" not in _kinds(_render(helm_only, tmp_path, "rel", "ops", {}))  # opt-in
+
+
+@pytest.mark.parametrize(
+    ("values", "served", "rendered"),
+    [
+        ({}, True, True),
+        ({}, False, False),
+        ({"monitoring": {"prometheusRule": {"enabled": False}}}, True, False),
+        ({"metrics": {"enabled": False}}, True, False),  # nothing to alert on: no ServiceMonitor either
+    ],
+    ids=["defaults", "no-prometheus-operator-api", "disabled", "no-metrics"],
+)
+def test_prometheus_rule_is_gated_like_the_service_monitor(
+    helm_only: Tools, tmp_path: Path, values: dict[str, Any], served: bool, rendered: bool
+) -> None:
+    apis = PROMETHEUS_OPERATOR_APIS if served else ()
+    kinds = _kinds(_render(helm_only, tmp_path, "rel", "ops", values, apis))
+    assert ("PrometheusRule" in kinds) is rendered
+    assert ("ServiceMonitor" in kinds) is (served and values.get("metrics", {}).get("enabled", True))
+    if rendered:
+        (rule,) = kinds["PrometheusRule"]
+        assert rule["metadata"]["namespace"] == "ops"
+        # it selects the series the ServiceMonitor scrapes: job is that Service's name
+        (service,) = kinds["Service"]
+        for alert in rule["spec"]["groups"][0]["rules"]:
+            assert f'job="{service["metadata"]["name"]}", namespace="ops"' in alert["expr"], alert
+
+
+def _promtool(helm_only: Tools, *args: str) -> subprocess.CompletedProcess[str]:
+    """promtool of the Prometheus the project builds (disagg.cluster.binaries)."""
+    return _run([str(ensure_binary("promtool")), *args], helm_only.env, check=False)
+
+
+def _series(name: str, job: str, values: str, **labels: str) -> dict[str, str]:
+    selector = ",".join(f'{k}="{v}"' for k, v in {"job": job, "namespace": "ops", **labels}.items())
+    return {"series": f"{name}{{{selector}}}", "values": values}
+
+
+def test_prometheus_rule_passes_promtool_and_its_alerts_fire(helm_only: Tools, tmp_path: Path) -> None:
+    """The rendered PrometheusRule's spec is a Prometheus rule file: `promtool check rules` accepts it, and
+    `promtool test rules` shows each alert firing on the operator's series after its `for` (not before),
+    for this release's operator only."""
+    values = {"monitoring": {"prometheusRule": {"alerts": {"operatorDown": {"for": "4m"}}}}}
+    (rule,) = _kinds(_render(helm_only, tmp_path, "rel", "ops", values, PROMETHEUS_OPERATOR_APIS))[
+        "PrometheusRule"
+    ]
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))  # PrometheusRule.spec is the rule file's format
+    checked = _promtool(helm_only, "check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 4 rules found" in checked.stdout, checked.stdout
+
+    job, other = "rel-disagg-operator-metrics", "other-disagg-operator-metrics"
+    input_series = [
+        # chat: TTFT 2 s against a 1 s target from the start; ITL within its target
+        _series("disagg_slo_latency_seconds", job, "2x30", deployment="chat", slo="ttft"),
+        _series("disagg_slo_target_seconds", job, "1x30", deployment="chat", slo="ttft"),
+        _series("disagg_slo_latency_seconds", job, "0.02x30", deployment="chat", slo="itl"),
+        _series("disagg_slo_target_seconds", job, "0.05x30", deployment="chat", slo="itl"),
+        # chat: limited from minute 5; its metrics available throughout
+        _series("disagg_condition", job, "0x4 1x26", deployment="chat", condition="ScalingLimited"),
+        _series("disagg_condition", job, "1x30", deployment="chat", condition="MetricsAvailable"),
+        # rag: no metrics from the start
+        _series("disagg_condition", job, "0x30", deployment="rag", condition="MetricsAvailable"),
+        # another release's operator: never this release's alerts
+        _series("disagg_condition", other, "0x30", deployment="x", condition="MetricsAvailable"),
+        _series("up", other, "1x30", pod="o-0"),
+        # this release's two operator replicas: from minute 11 one is down, the other gone
+        _series("up", job, "1x10 0x20", pod="a-0"),
+        _series("up", job, "1x10 stale", pod="a-1"),  # its pod gone: a staleness marker
+    ]
+
+    def alert(labels: dict[str, str], summary: str, description: str) -> dict[str, Any]:
+        return {"exp_labels": labels, "exp_annotations": {"summary": summary, "description": description}}
+
+    breach = alert(
+        {"severity": "warning", "deployment": "chat", "slo": "ttft"},
+        "chat: ttft over its SLO target",
+        "ttft of DisaggregatedDeployment chat is 2s at the policy percentile, over its target, for 10m; "
+        "see its status.autoscaling.decisions for what the policy did about it.",
+    )
+    limited = alert(
+        {"severity": "warning", "deployment": "chat"},
+        "chat: scaling limited",
+        "DisaggregatedDeployment chat has had ScalingLimited=True for 15m: the replicas its policy wants "
+        "cannot be had (see the condition message: Pending pods, bounds or GPU budget).",
+    )
+    no_metrics = alert(
+        {"severity": "warning", "deployment": "rag"},
+        "rag: autoscaling has no metrics",
+        "DisaggregatedDeployment rag has had MetricsAvailable=False for 10m: its policy cannot read "
+        "TTFT/ITL from Prometheus and holds replicas.",
+    )
+    down = alert(
+        {"severity": "critical"},
+        "the disagg operator in ops is down",
+        "No replica of rel-disagg-operator-metrics in ops has been up in Prometheus for 4m: nothing "
+        "reconciles or autoscales DisaggregatedDeployments.",
+    )
+    cases = [
+        ("DisaggSLOBreach", "9m", []),  # over target, but not for 10 minutes yet
+        ("DisaggSLOBreach", "11m", [breach]),
+        ("DisaggScalingLimited", "18m", []),
+        ("DisaggScalingLimited", "21m", [limited]),
+        ("DisaggMetricsUnavailable", "9m", []),
+        ("DisaggMetricsUnavailable", "11m", [no_metrics]),
+        ("DisaggOperatorDown", "10m", []),
+        ("DisaggOperatorDown", "14m", []),
+        ("DisaggOperatorDown", "16m", [down]),
+    ]
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": input_series,
+                "alert_rule_test": [
+                    {"eval_time": at, "alertname": name, "exp_alerts": expected}
+                    for name, at, expected in cases
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "rules_test.yaml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    tested = _promtool(helm_only, "test", "rules", str(test_file))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
 def _notes(tools: Tools, tmp_path: Path, values: dict[str, Any]) -> str:
@@ -787,6 +928,14 @@ def _labelled(k8s_api: Any, release: str, namespaces: Sequence[str]) -> list[str
                 "kopf.dev", "v1", ns, "kopfpeerings", label_selector=selector
             )["items"]
         ]
+        # The Prometheus Operator's kinds (their CRDs are installed by the local control plane)
+        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+            found += [
+                f"{kind}/{ns}/{o['metadata']['name']}"
+                for o in custom.list_namespaced_custom_object(
+                    "monitoring.coreos.com", "v1", ns, f"{kind.lower()}s", label_selector=selector
+                )["items"]
+            ]
     return sorted(found)
 
 
@@ -805,11 +954,14 @@ def test_upgrade_and_uninstall_leave_no_orphans(
     assert f"Role/{extra_namespace}/{_fullname(release)}" in installed
     assert f"KopfPeering/{extra_namespace}/{_fullname(release)}" in installed
     assert f"ConfigMap/{namespace}/{_fullname(release)}-dashboard" in installed
+    # The cluster serves monitoring.coreos.com/v1, so helm created the monitoring objects for real.
+    for kind, suffix in (("ServiceMonitor", ""), ("PodMonitor", "-engines"), ("PrometheusRule", "")):
+        assert f"{kind}/{namespace}/{_fullname(release)}{suffix}" in installed, installed
 
-    # Narrow the watched namespaces and drop the dashboard: what is no longer rendered must go.
+    # Narrow the watched namespaces, drop the dashboard and the alerts: what is no longer rendered must go.
     narrower = {
         "watch": {"scope": "namespaces", "namespaces": [namespace]},
-        "monitoring": {"dashboard": {"enabled": False}},
+        "monitoring": {"dashboard": {"enabled": False}, "prometheusRule": {"enabled": False}},
     }
     tools.helm_run(
         "upgrade",
@@ -823,6 +975,7 @@ def test_upgrade_and_uninstall_leave_no_orphans(
     upgraded = _labelled(k8s_api, release, [namespace, extra_namespace])
     assert not [o for o in upgraded if f"/{extra_namespace}/" in o], upgraded
     assert f"ConfigMap/{namespace}/{_fullname(release)}-dashboard" not in upgraded
+    assert f"PrometheusRule/{namespace}/{_fullname(release)}" not in upgraded
     assert f"Role/{namespace}/{_fullname(release)}" in upgraded
 
     # Switch to cluster scope: namespaced Roles give way to one ClusterRole with every rule.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import pytest
 
+from disagg.cluster import monitoring
 from disagg.cluster.binaries import (
     BinaryError,
     Versions,
@@ -15,6 +17,7 @@ from disagg.cluster.binaries import (
     parse_requires,
     staging_replaces,
 )
+from disagg.cluster.local import ClusterInfo
 
 KUBERNETES_GOMOD = """module k8s.io/kubernetes
 
@@ -87,3 +90,19 @@ def test_cached_programs_report_their_pinned_versions() -> None:
         [str(ensure_binary("kube-apiserver")), "--version"], capture_output=True, text=True, check=True
     )
     assert apiserver.stdout.strip() == f"Kubernetes {versions.kubernetes}"
+
+
+def test_prometheus_operator_crds_are_the_pinned_releases_and_the_cluster_serves_them(
+    cluster: ClusterInfo, k8s_api: Any
+) -> None:
+    """The CRDs come from the pinned module as it ships them (its release stamps its version on each), and
+    the local control plane serves them Established."""
+    from kubernetes import client
+
+    release = Versions().prometheus_operator.removeprefix("v")
+    for crd in monitoring.crds():
+        assert crd["metadata"]["annotations"]["operator.prometheus.io/version"] == release
+        served = client.ApiextensionsV1Api(k8s_api).read_custom_resource_definition(crd["metadata"]["name"])
+        assert any(c.type == "Established" and c.status == "True" for c in served.status.conditions)
+    kinds = {crd["spec"]["names"]["kind"] for crd in monitoring.crds()}
+    assert kinds == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

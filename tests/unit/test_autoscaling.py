@@ -616,3 +616,42 @@ def test_the_deployment_mode_overrides_the_policy_for_this_deployment_only(
     else:
         assert status["desiredReplicas"] == {"prefill": decision.prefill, "decode": decision.decode}
     assert kube.policy["spec"]["mode"] == policy_mode  # the shared policy is left as it is
+
+
+def test_the_alerted_series_follow_the_evaluation_and_go_with_the_deployment() -> None:
+    """What the chart's PrometheusRule alerts on: the conditions as 1/0, the SLO targets, and the latencies
+    only while they can be read (a missing reading is absent, never a stale value)."""
+    from disagg.api.ratiopolicy import RatioPolicy
+
+    body: dict[str, Any] = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": "chat", "namespace": "default", "uid": "u1", "generation": 1},
+        "spec": {**_spec(), "autoscaling": {"enabled": True, "policyRef": {"name": "chat"}}},
+    }
+    kube = _FakeKube(copy.deepcopy(body))
+    registry = CollectorRegistry()
+    auto = Autoscaler(cast(KubeApi, kube), AutoscalingSettings(), None, AutoscalingMetrics.create(registry))
+    decision = evaluate(auto, body, {}, T0)  # no Prometheus: TTFT and ITL missing
+    assert decision is not None
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = registry.get_sample_value(name, {"deployment": "chat", **labels})
+        return value
+
+    slo = RatioPolicy.model_validate(kube.policy).spec.slo
+    assert sample("disagg_condition", condition="MetricsAvailable") == 0.0
+    assert sample("disagg_condition", condition="ScalingLimited") in (0.0, 1.0)
+    assert sample("disagg_condition", condition="ScalingActive") in (0.0, 1.0)
+    assert sample("disagg_slo_target_seconds", slo="ttft") == slo.ttft.target_seconds
+    assert sample("disagg_slo_target_seconds", slo="itl") == slo.itl.target_seconds
+    assert sample("disagg_slo_latency_seconds", slo="ttft") is None
+
+    auto.metrics.record("chat", decision, {}, 0.01, latencies={"ttft": 1.5, "itl": None})
+    assert sample("disagg_slo_latency_seconds", slo="ttft") == 1.5
+    auto.metrics.record("chat", decision, {}, 0.01, latencies={"ttft": None})
+    assert sample("disagg_slo_latency_seconds", slo="ttft") is None  # gone, not stale
+
+    auto.metrics.forget("chat")
+    assert sample("disagg_condition", condition="MetricsAvailable") is None
+    assert sample("disagg_slo_target_seconds", slo="ttft") is None

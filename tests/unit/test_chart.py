@@ -193,3 +193,45 @@ def test_notes_and_readme_point_at_nothing_a_chart_user_lacks() -> None:
         assert not re.search(r"(?<![\w-])(policies|examples)/[\w.-]*\.yaml", text), "a repository path"
         assert "-f crds/" not in text
     assert "README.md.gotmpl" in (CHART / ".helmignore").read_text().split()
+
+
+RULE_TEMPLATE = CHART / "templates" / "prometheusrule.yaml"
+
+
+def test_prometheus_rule_alerts_on_series_and_conditions_the_operator_exports() -> None:
+    """Every disagg_* series the PrometheusRule's PromQL reads is exported by the operator, and every
+    condition it selects is one the autoscaling loop sets (promtool checks the PromQL itself, in
+    tests/integration/test_chart.py)."""
+    from disagg.controller.metrics import CONDITIONS, SLOS
+
+    text = RULE_TEMPLATE.read_text()
+    series = set(re.findall(r"\b(disagg_[a-z_]+)\{", text))
+    assert series == {"disagg_slo_latency_seconds", "disagg_slo_target_seconds", "disagg_condition"}
+    exported = _operator_series()
+    assert series <= exported, f"the operator does not export {sorted(series - exported)}"
+    assert set(re.findall(r'condition="(\w+)"', text)) <= set(CONDITIONS)
+    assert set(SLOS) == {"ttft", "itl"}
+    alerts = re.findall(r"- alert: (\w+)", text)
+    assert alerts == [
+        "DisaggSLOBreach",
+        "DisaggScalingLimited",
+        "DisaggMetricsUnavailable",
+        "DisaggOperatorDown",
+    ]
+
+
+def test_prometheus_rule_is_gated_like_the_service_monitor() -> None:
+    """Rendered with metrics.enabled, its own enabled flag (on by default, as the ServiceMonitor's) and
+    only where the cluster serves the Prometheus Operator's API; every alert has a `for` and a severity."""
+    values = _values()["monitoring"]
+    rule = values["prometheusRule"]
+    assert rule["enabled"] is values["serviceMonitor"]["enabled"] is True
+    gate = next(line for line in RULE_TEMPLATE.read_text().splitlines() if line.startswith("{{- if "))
+    assert ".Values.metrics.enabled" in gate and "$rule.enabled" in gate
+    assert '.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule"' in gate
+    duration = re.compile(_schema()["definitions"]["alert"]["properties"]["for"]["pattern"])
+    assert set(rule["alerts"]) == {"sloBreach", "scalingLimited", "metricsUnavailable", "operatorDown"}
+    for name, alert in rule["alerts"].items():
+        assert duration.fullmatch(alert["for"]), name
+        assert alert["severity"] in ("warning", "critical"), name
+    assert rule["alerts"]["operatorDown"]["severity"] == "critical"

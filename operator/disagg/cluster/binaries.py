@@ -50,6 +50,12 @@ class Versions:
     # the Go module proxy serves that builds with Go 1.26 (v0.9.0's go.mod says go 1.26.0; its
     # k8s.io/* v0.36 libraries talk to a v1.37 API server).
     lws: str = "v0.9.0"
+    # The Prometheus Operator (github.com/prometheus-operator/prometheus-operator): only its CRDs are
+    # used (example/prometheus-operator-crd/ of the module), to validate the chart's ServiceMonitor,
+    # PodMonitor and PrometheusRule. v0.94.1 is the newest version of the root module the Go module proxy
+    # serves here (`go list -m -json ...@v0.95.x` answers 403 "not available"; its pkg/apis/monitoring
+    # submodule goes to v0.95.2, but that module ships no CRD manifests).
+    prometheus_operator: str = "v0.94.1"
 
 
 @dataclass(frozen=True)
@@ -380,6 +386,50 @@ def _copy_lws_manifests(
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / relative, path)
+
+
+# The Prometheus Operator's CRDs the local cluster installs, as its module ships them.
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_CRDS: tuple[str, ...] = tuple(
+    f"example/prometheus-operator-crd/monitoring.coreos.com_{plural}.yaml"
+    for plural in ("servicemonitors", "podmonitors", "prometheusrules")
+)
+
+
+def prometheus_operator_dir(settings: BuildSettings | None = None) -> Path:
+    settings = settings or BuildSettings()
+    return settings.cache_root / f"prometheus-operator-{settings.versions.prometheus_operator}"
+
+
+def ensure_prometheus_operator_crds(settings: BuildSettings | None = None) -> list[Path]:
+    """The pinned Prometheus Operator release's CRD manifests (PROMETHEUS_OPERATOR_CRDS), copied from the
+    Go module cache (``go mod download``) under ``~/.cache/disagg/prometheus-operator-<version>/`` once."""
+    settings = settings or BuildSettings()
+    out = prometheus_operator_dir(settings)
+    paths = [out / "manifests" / relative for relative in PROMETHEUS_OPERATOR_CRDS]
+    if all(p.is_file() for p in paths):
+        return paths
+    component = "prometheus-operator"
+    with _component_lock(settings, component):
+        if all(p.is_file() for p in paths):
+            return paths
+        go = shutil.which(settings.go)
+        if go is None:
+            raise BinaryError(f"{component}: the Go toolchain ({settings.go!r}) is not on PATH")
+        version = settings.versions.prometheus_operator
+        log(settings, f"{component} {version}: not cached, go mod download (its CRDs)")
+        scratch = out / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / "go.mod").write_text("module disagg.local/scratch\n\ngo 1.26\n")
+        info = _module_info(component, go, PROMETHEUS_OPERATOR_MODULE, version, scratch, _go_env())
+        source = Path(str(info["Dir"]))
+        for relative, path in zip(PROMETHEUS_OPERATOR_CRDS, paths, strict=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_suffix(".tmp")
+            shutil.copyfile(source / relative, staging)
+            staging.chmod(0o644)  # the module cache is read-only
+            staging.rename(path)
+    return paths
 
 
 def _origin_hash(info: Mapping[str, object]) -> str:

@@ -5,7 +5,8 @@ Every process is started in its own session with its pid recorded under ``<state
 output in ``<state_dir>/logs``; ``up`` reuses a running cluster, ``down`` stops the processes by pid and
 removes the state directory. kwok turns the Node objects created here into Ready nodes with GPUs and
 makes the pods scheduled onto them Running and Ready. The LeaderWorkerSet controller's CRDs, RBAC and
-webhooks are installed from its release (:mod:`disagg.cluster.lws`).
+webhooks are installed from its release (:mod:`disagg.cluster.lws`), and the Prometheus Operator's CRDs
+from its (:mod:`disagg.cluster.monitoring`), so monitoring objects are validated by the API server.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
-from disagg.cluster import lws
+from disagg.cluster import lws, monitoring
 from disagg.cluster.binaries import BuildSettings, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
@@ -164,10 +165,12 @@ class LocalCluster:
             info = self._running_info()
             if info is not None:
                 self._ensure_nodes(info)
+                self._install_monitoring_crds(info)  # a cluster started before they were installed
                 self._wait_nodes_ready(info)
                 return info
             self._stop_processes()
             binaries = {name: ensure_binary(name, self.build) for name in COMPONENTS}
+            monitoring.crds(self.build)  # obtained before anything starts, like the programs
             try:
                 return self._start(binaries)
             except BaseException:
@@ -362,6 +365,7 @@ class LocalCluster:
         procs["lws-controller"] = self._start_lws(
             info, pki, binaries["lws-controller"], lws.LwsPorts(lws_webhook, lws_health), procs
         )
+        self._install_monitoring_crds(info, procs)
         self._wait_nodes_ready(info, procs)
         with self.client(info) as client:
             # the controller-manager is working once it has made the default ServiceAccount
@@ -490,6 +494,17 @@ class LocalCluster:
             except lws.LwsInstallError as error:
                 raise ClusterError(f"lws-controller: {error}") from error
         return proc
+
+    def _install_monitoring_crds(
+        self, info: ClusterInfo, procs: Mapping[str, subprocess.Popen[bytes]] | None = None
+    ) -> None:
+        """The Prometheus Operator's CRDs (no operator runs), applied and Established."""
+        with self.client(info) as client:
+            try:
+                names = monitoring.install(client, self.build)
+            except lws.LwsInstallError as error:
+                raise ClusterError(f"prometheus-operator CRDs: {error}") from error
+            self._wait("kube-apiserver", procs or {}, lambda: monitoring.established(client, names))
 
     @staticmethod
     def _https_up(url: str, ca: str) -> bool:

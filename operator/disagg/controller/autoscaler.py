@@ -179,7 +179,15 @@ def evaluate(
     history = previous.get("decisions") or []
     previous_target = dict(history[0]) if history else None
     post_events(auto.kube, body, change_events(decision, current, mode, before, after, previous_target))
-    auto.metrics.record(name, decision, current, seconds=time.monotonic() - started)
+    auto.metrics.record(
+        name,
+        decision,
+        current,
+        seconds=time.monotonic() - started,
+        latencies={"ttft": observation.ttft.value, "itl": observation.itl.value},
+        targets={"ttft": policy.slo.ttft.target_seconds, "itl": policy.slo.itl.target_seconds},
+        conditions={update.kind: update.status for update in updates},
+    )
     return decision
 
 
@@ -214,3 +222,9 @@ def register(registry: kopf.OperatorRegistry, auto: Autoscaler) -> None:
         interval=auto.settings.tick_s,
         when=autoscaling_enabled,
     )(autoscale)
+
+    def forget_deleted(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            auto.metrics.forget(str((body.get("metadata") or {}).get("name", "")))
+
+    kopf.on.event(group, version, plural, registry=registry, id="autoscaling-metrics")(forget_deleted)
