@@ -244,7 +244,13 @@ def test_released_vllm_router_drives_the_nixl_handshake_and_follows_the_pods(
     with deployed(cluster, namespace, manifest, tmp_path) as (kube, kubeconfig):
         # the router authenticates as its own ServiceAccount: the Role the operator rendered is what
         # lets it list and watch the pods, and nothing beyond its namespace
-        assert _can_list_pods(cluster, kubeconfig, namespace) == 200
+        # (the operator creates the ServiceAccount before its RoleBinding, and the API server's RBAC
+        # authorizer serves from an informer cache: the grant arrives within moments, not at once)
+        wait_for(
+            lambda: _can_list_pods(cluster, kubeconfig, namespace) == 200,
+            timeout_s=60,
+            what="the router's ServiceAccount allowed to list pods in its namespace",
+        )
         assert _can_list_pods(cluster, kubeconfig, "default") == 403
         asyncio.run(scenario(kube, namespace, dd, kubeconfig, tmp_path))
 

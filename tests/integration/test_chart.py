@@ -1060,8 +1060,9 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
             timeout_s=RECONCILE_TIMEOUT_S,
             what=f"children of ha reconciled by the leader; log:\n{leader.text()[-3000:]}",
         )
-        # Only one acts: every reconcile so far ran in the leader (each process counts its own).
-        assert (leader.reconciles() or 0) >= 1
+        # Only one acts: every reconcile so far ran in the leader (each process counts its own; the
+        # counter moves when the handler returns, just after the children it applied are visible).
+        wait_for(lambda: (leader.reconciles() or 0) >= 1, timeout_s=30, what="the leader's reconcile count")
         assert standby.reconciles() == 0, f"the paused standby reconciled; log:\n{standby.text()[-3000:]}"
         assert RESUMED not in standby.text(), standby.text()[-3000:]
 
@@ -1081,4 +1082,6 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
             timeout_s=RECONCILE_TIMEOUT_S,
             what=f"decode scaled to 3 by the former standby; log:\n{standby.text()[-3000:]}",
         )
-        assert (standby.reconciles() or 0) >= 1
+        wait_for(
+            lambda: (standby.reconciles() or 0) >= 1, timeout_s=30, what="the former standby's reconciles"
+        )
