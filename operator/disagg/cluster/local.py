@@ -504,7 +504,7 @@ class LocalCluster:
                 names = monitoring.install(client, self.build)
             except lws.LwsInstallError as error:
                 raise ClusterError(f"prometheus-operator CRDs: {error}") from error
-            self._wait("kube-apiserver", procs or {}, lambda: monitoring.established(client, names))
+            self._wait("kube-apiserver", procs or {}, lambda: lws.established(client, names))
 
     @staticmethod
     def _https_up(url: str, ca: str) -> bool:

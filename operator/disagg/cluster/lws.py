@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from disagg.cluster.binaries import BuildSettings, lws_manifest
+from disagg.k8s.crds import is_established
 
 FIELD_MANAGER = "disagg-cluster"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -158,12 +159,14 @@ def apply_objects(client: httpx.Client, objects: Sequence[Mapping[str, Any]]) ->
             raise LwsInstallError(f"applying {kind} {name}: HTTP {response.status_code} {response.text}")
 
 
-def crds_established(client: httpx.Client, build: BuildSettings | None = None) -> bool:
-    for crd in crds(build):
-        response = client.get(f"{_PATHS['CustomResourceDefinition']}/{crd['metadata']['name']}")
-        if response.status_code != 200:
-            return False
-        conditions = (response.json().get("status") or {}).get("conditions") or []
-        if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+def established(client: httpx.Client, names: Sequence[str]) -> bool:
+    """Whether the API server serves every one of these CRDs (their ``Established`` condition)."""
+    for name in names:
+        response = client.get(f"{_PATHS['CustomResourceDefinition']}/{name}")
+        if response.status_code != 200 or not is_established(response.json()):
             return False
     return True
+
+
+def crds_established(client: httpx.Client, build: BuildSettings | None = None) -> bool:
+    return established(client, [str(crd["metadata"]["name"]) for crd in crds(build)])

@@ -17,8 +17,6 @@ import yaml
 from disagg.cluster.binaries import BuildSettings, ensure_prometheus_operator_crds
 from disagg.cluster.lws import apply_objects
 
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
 
 def crds(build: BuildSettings | None = None) -> list[dict[str, Any]]:
     return [
@@ -34,14 +32,3 @@ def install(client: httpx.Client, build: BuildSettings | None = None) -> list[st
     objects = crds(build)
     apply_objects(client, objects)
     return [str(crd["metadata"]["name"]) for crd in objects]
-
-
-def established(client: httpx.Client, names: list[str]) -> bool:
-    for name in names:
-        response = client.get(f"{CRD_PATH}/{name}")
-        if response.status_code != 200:
-            return False
-        conditions = (response.json().get("status") or {}).get("conditions") or []
-        if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
-            return False
-    return True
