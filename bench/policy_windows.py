@@ -73,14 +73,16 @@ def window_lines(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", action="append", required=True, help="case name, e.g. diurnal/train-0")
+    parser.add_argument(
+        "--trace", action="append", help="case, e.g. diurnal/train-0 (repeatable; default heavy-tail/train-0)"
+    )
     parser.add_argument("--start", choices=("cold", "warm"), default="cold")
     parser.add_argument("--only", default="model-based", help="contender (default model-based)")
     parser.add_argument("--reference-cache", type=Path)
     args = parser.parse_args(argv)
     setup = pg.Setup()
     cases = {c.name: c for cs in pg.case_sets(list(pg.SETS)).values() for c in cs}
-    for name in args.trace:
+    for name in args.trace or ["heavy-tail/train-0"]:
         case = cases[name]
         reqs = case.requests()
         schedule, static = pg.references(reqs, case, setup, args.reference_cache)
