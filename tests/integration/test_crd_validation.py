@@ -160,7 +160,14 @@ def test_kubectl_explain_documents_the_fields(crds: list[str], kubeconfig: Path)
 
     # The API server publishes a new CRD's OpenAPI document a little after the CRD is Established.
     result = wait_for(explain, timeout_s=90, interval_s=1, what="kubectl explain dd.spec.decode")
-    for text in ("The decode pool.", "tensorParallelSize", "GPUs per replica", "shutdownTimeoutSeconds"):
+    expected = (
+        "The decode pool (merged over spec.common).",
+        "tensorParallelSize",
+        "GPUs per replica",
+        "shutdownTimeoutSeconds",
+        "parallelism",
+    )
+    for text in expected:
         assert text in result.stdout, f"{text!r} missing from kubectl explain:\n{result.stdout}"
 
 
