@@ -70,6 +70,9 @@ class DemoSettings:
     report_dir: Path = Path("reports/demo")
     operator_tick_s: float = 1.0
     pending_grace_s: float = 20.0
+    # the RatioPolicy's pendingBackoffSeconds: how long a learned Pending ceiling holds before the policy
+    # probes for freed capacity by asking again
+    pending_backoff_s: int = 60
     # extra nodeSelector labels for the prefill pool (the e2e pins it to a small node to make pods Pending)
     prefill_node_labels: tuple[tuple[str, str], ...] = ()
 
@@ -108,7 +111,7 @@ def ratio_policy_manifest(settings: DemoSettings) -> dict[str, Any]:
             },
             "tolerance": 0.1,
             "gpuBudget": {"maxGPUs": settings.max_gpus},
-            "pendingBackoffSeconds": 60,
+            "pendingBackoffSeconds": settings.pending_backoff_s,
         },
     }
 
