@@ -704,13 +704,13 @@ def _check_discovery(
                     router_obj, router_name, "router", f"--{role}-selector", f"{label} got no {role} selector"
                 )
             )
-        elif any(engine.labels.get(key) != value for key, value in selector.items()):
+        elif not _selects(selector, engine.labels):
             findings.append(
                 Finding(
                     router_obj,
                     router_name,
                     "router",
-                    f"--{role}-selector {' '.join(f'{k}={v}' for k, v in selector.items())}",
+                    _selector_flag(role, selector),
                     f"does not select the pods of {engine.obj} (labels {engine.labels})",
                 )
             )
@@ -738,6 +738,15 @@ def _check_discovery(
     return findings
 
 
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a router's label selector picks pods with these labels."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _selector_flag(role: str, selector: Mapping[str, str]) -> str:
+    return f"--{role}-selector {' '.join(f'{k}={v}' for k, v in selector.items())}"
+
+
 def _check_leaders_only(
     router_obj: str, router_name: str, parsed: RouterParse, workers: list[_Engine]
 ) -> list[Finding]:
@@ -747,17 +756,13 @@ def _check_leaders_only(
     for engine in workers:
         for role in ("prefill", "decode"):
             selector = parsed.args.get(f"{role}_selector") or {}
-            if (
-                isinstance(selector, dict)
-                and selector
-                and all(engine.labels.get(key) == value for key, value in selector.items())
-            ):
+            if isinstance(selector, dict) and selector and _selects(selector, engine.labels):
                 findings.append(
                     Finding(
                         router_obj,
                         router_name,
                         "router",
-                        f"--{role}-selector {' '.join(f'{k}={v}' for k, v in selector.items())}",
+                        _selector_flag(role, selector),
                         f"selects the worker pods of {engine.obj}, which serve no HTTP (only the leaders do)",
                     )
                 )

@@ -68,11 +68,7 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         for t, r in state.load_history
         if _finite(t) is not None and _finite(r) is not None and now - t <= MAX_AGE_S
     ][-MAX_SAMPLES:]
-    work = [
-        [_time(w[0]), _work(w[1]), _work(w[2])]
-        for w in state.work_history
-        if all(_finite(x) is not None for x in w) and now - w[0] <= MAX_AGE_S
-    ][-MAX_SAMPLES:]
+    work = _samples(state.work_history, now)[-MAX_SAMPLES:]
     correction = {k: v for k in _keys(state.correction) if (v := _finite(state.correction[k])) is not None}
     flaps = {k: kept for k in _keys(state.flaps) if (kept := _recent(state.flaps[k], now)[-MAX_FLAPS:])}
     return {
@@ -143,24 +139,8 @@ def from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
 def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
     if not isinstance(data, Mapping) or data.get("version") != VERSION:
         return PolicyState()
-    history: list[tuple[float, float]] = []
-    samples = data.get("loadHistory")
-    for sample in samples if isinstance(samples, list) else ():
-        if not isinstance(sample, list | tuple) or len(sample) != 2:
-            continue
-        t, r = _restore_time(sample[0], now), _finite(sample[1])
-        if t is not None and r is not None and r >= 0:
-            history.append((t, r))
-    history.sort(key=lambda s: s[0])
-    work: list[tuple[float, float, float]] = []
-    work_samples = data.get("workHistory")
-    for sample in work_samples if isinstance(work_samples, list) else ():
-        if not isinstance(sample, list | tuple) or len(sample) != 3:
-            continue
-        t, p, d = _restore_time(sample[0], now), _finite(sample[1]), _finite(sample[2])
-        if t is not None and p is not None and d is not None and p >= 0 and d >= 0:
-            work.append((t, p, d))
-    work.sort(key=lambda s: s[0])
+    history = [(t, r) for t, r in _restore_samples(data.get("loadHistory"), now, 2)]
+    work = [(t, p, d) for t, p, d in _restore_samples(data.get("workHistory"), now, 3)]
     correction_in = _mapping(data.get("correction"))
     correction = {
         k: v for k in _keys(correction_in) if (v := _finite(correction_in[k])) is not None and v > 0
