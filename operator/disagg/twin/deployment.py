@@ -25,7 +25,7 @@ from disagg.policy.bounds import (
     engine_int_arg,
     replica_layout,
 )
-from disagg.policy.types import Bounds, Role, RoleBounds, ServingProfile
+from disagg.policy.types import Bounds, ReplicaLayout, Role, RoleBounds, ServingProfile
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
 Routing = Literal["round_robin", "least_outstanding", "random"]
@@ -62,7 +62,7 @@ class PoolSpec:
 
     def parallelism(self) -> Parallelism | None:
         """The replica's parallelism for the MoE latency model; None for plain tensor parallelism."""
-        if (self.dp, self.ep, self.gpus_per_node, self.overlap) == (1, 1, 8, False):
+        if ReplicaLayout(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap).tensor_only:
             return None
         return Parallelism(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap)
 
