@@ -825,6 +825,111 @@ class CommonSpec(ApiModel):
 
 # ----------------------------------------------------------------------------------------------- router
 
+RouterType = Literal["builtin", "gateway-api"]
+# The engine pod ports the gateway-api layout adds (disagg.render.gateway): on decode pods the engine
+# moves this far up from its usual port, which the llm-d routing sidecar takes over.
+GATEWAY_ENGINE_PORT_OFFSET = 200
+GATEWAY_API_NEEDS_TYPE = (
+    "spec.router.gatewayApi is set but spec.router.type is builtin: set spec.router.type: gateway-api, or "
+    "remove spec.router.gatewayApi"
+)
+GATEWAY_API_NO_IMAGE = (
+    "spec.router.image is the built-in router's image: with spec.router.type gateway-api set "
+    "spec.router.gatewayApi.endpointPicker.image instead"
+)
+GATEWAY_API_NO_ARGS = (
+    "spec.router.args are the built-in router's arguments: with spec.router.type gateway-api set "
+    "spec.router.gatewayApi.endpointPicker.args instead"
+)
+GATEWAY_API_SERVICE_TYPE = (
+    "spec.router.serviceType exposes the built-in router: with spec.router.type gateway-api clients enter "
+    "through the Gateway (spec.router.gatewayApi.gateway), so leave it at ClusterIP"
+)
+GATEWAY_API_MULTI_NODE = (
+    "spec.router.type gateway-api does not serve pools whose replicas span several nodes "
+    "(parallelism.nodesPerReplica > 1): the InferencePool would select their workers, which serve no HTTP"
+)
+# Gateway API's object names and section names (sigs.k8s.io/gateway-api v1.6.3, apis/v1/shared_types.go:
+# ObjectName, Namespace, SectionName).
+GATEWAY_NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class GatewayParentRef(ApiModel):
+    """The Gateway the HTTPRoute attaches to (a Gateway API parentRef of kind Gateway)."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Gateway.")
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=GATEWAY_NAMESPACE,
+        description="Namespace of the Gateway (default: this object's). A Gateway in another namespace "
+        "must allow routes from this one (its listeners' allowedRoutes).",
+    )
+    section_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="Listener of the Gateway to attach to (default: every listener that allows the route).",
+    )
+
+
+class EndpointPickerSpec(ApiModel):
+    """The endpoint picker (EPP) the Gateway asks where each request goes: the llm-d inference scheduler,
+    configured for prefill/decode disaggregation."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Endpoint picker image (default: the pinned llm-d inference scheduler release).",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="Endpoint picker replicas (each keeps its own prefix-cache index).",
+    )
+    args: ArgList = Field(default_factory=list, description="Extra endpoint picker arguments (after ours).")
+    config: FreeFormObject | None = Field(
+        default=None,
+        description="An EndpointPickerConfig (inference.networking.x-k8s.io/v1alpha1) replacing the rendered "
+        "P/D one whole (default: prefill and decode profiles filtered by the llm-d.ai/role pod label, "
+        "prefix-cache and queue scorers, a max-score picker, and the prefix-based P/D decider).",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Endpoint picker container resources."
+    )
+
+
+class GatewayApiSpec(ApiModel):
+    """Routing through the Gateway API Inference Extension: an InferencePool over both pools, its endpoint
+    picker, the llm-d routing sidecar in the decode pods, and optionally an HTTPRoute from a Gateway."""
+
+    endpoint_picker: EndpointPickerSpec = Field(
+        default_factory=EndpointPickerSpec,
+        description="The endpoint picker (EPP).",
+        json_schema_extra={"default": {}},
+    )
+    gateway: GatewayParentRef | None = Field(
+        default=None,
+        description="The Gateway whose HTTPRoute sends this model's requests to the InferencePool (no "
+        "HTTPRoute when unset: attach your own route to the InferencePool).",
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose",
+        description="What the Gateway does when the endpoint picker does not answer: FailClose refuses the "
+        "request, FailOpen sends it to an endpoint of its own choosing (InferencePool "
+        "endpointPickerRef.failureMode).",
+    )
+    sidecar_image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Image of the llm-d routing sidecar of the decode pods (default: the pinned release).",
+    )
+
 
 class RouterSpec(ApiModel):
     """The request router in front of both pools (OpenAI-compatible API)."""
@@ -837,11 +942,39 @@ class RouterSpec(ApiModel):
                     "spec.router.port must not be a port the router pod already uses "
                     f"({', '.join(map(str, ROUTER_POD_PORTS))})",
                     ".port",
-                )
+                ),
+                _rule(
+                    "self.type == 'gateway-api' || !has(self.gatewayApi)",
+                    GATEWAY_API_NEEDS_TYPE,
+                    ".gatewayApi",
+                ),
+                _rule("self.type != 'gateway-api' || !has(self.image)", GATEWAY_API_NO_IMAGE, ".image"),
+                _rule(
+                    "self.type != 'gateway-api' || !has(self.args) || size(self.args) == 0",
+                    GATEWAY_API_NO_ARGS,
+                    ".args",
+                ),
+                _rule(
+                    "self.type != 'gateway-api' || self.serviceType == 'ClusterIP'",
+                    GATEWAY_API_SERVICE_TYPE,
+                    ".serviceType",
+                ),
             ]
         }
     )
 
+    type: RouterType = Field(
+        default="builtin",
+        description="builtin: the engine's own P/D router (vllm-router or sglang-router) behind the router "
+        "Service. gateway-api: no built-in router; an InferencePool (inference.networking.k8s.io/v1) "
+        "over both pools with the llm-d endpoint picker, for a Gateway API implementation that supports "
+        "the Inference Extension (see spec.router.gatewayApi).",
+    )
+    gateway_api: GatewayApiSpec | None = Field(
+        default=None,
+        description="Settings of the gateway-api router type (only with type: gateway-api; defaults apply "
+        "when unset).",
+    )
     replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
     image: str | None = Field(
         default=None,
@@ -859,6 +992,30 @@ class RouterSpec(ApiModel):
     resources: ResourceRequirements | None = Field(default=None, description="Router container resources.")
     node_selector: StringMap | None = Field(default=None, description="Node labels the router requires.")
     tolerations: FreeFormList | None = Field(default=None, description="Router pod tolerations.")
+
+    @model_validator(mode="after")
+    def _type_fields(self) -> Self:
+        if self.type != "gateway-api":
+            if self.gateway_api is not None:
+                raise ValueError(GATEWAY_API_NEEDS_TYPE)
+            return self
+        if self.image is not None:
+            raise ValueError(GATEWAY_API_NO_IMAGE)
+        if self.args:
+            raise ValueError(GATEWAY_API_NO_ARGS)
+        if self.service_type != "ClusterIP":
+            raise ValueError(GATEWAY_API_SERVICE_TYPE)
+        return self
+
+    @property
+    def gateway(self) -> bool:
+        """Whether requests are routed through the Gateway API Inference Extension."""
+        return self.type == "gateway-api"
+
+    @property
+    def gateway_settings(self) -> GatewayApiSpec:
+        """spec.router.gatewayApi, or its defaults when unset."""
+        return self.gateway_api or GatewayApiSpec()
 
 
 # ------------------------------------------------------------------------------------------ autoscaling
@@ -1008,6 +1165,13 @@ class DisaggregatedDeploymentSpec(ApiModel):
                 ),
                 *_engine_nodes_rules("prefill"),
                 *_engine_nodes_rules("decode"),
+                _rule(
+                    "!has(self.router.type) || self.router.type != 'gateway-api' || !("
+                    "(has(self.prefill.parallelism) && self.prefill.parallelism.nodesPerReplica > 1) || "
+                    "(has(self.decode.parallelism) && self.decode.parallelism.nodesPerReplica > 1))",
+                    GATEWAY_API_MULTI_NODE,
+                    ".router.type",
+                ),
             ]
         }
     )
@@ -1070,6 +1234,8 @@ class DisaggregatedDeploymentSpec(ApiModel):
                 and not spec.data_parallel_attention
             ):
                 raise ValueError(sglang_nodes_message(role))
+        if self.router.gateway and any(self.role(role).multi_node for role in ROLE_NAMES):
+            raise ValueError(GATEWAY_API_MULTI_NODE)
         if self.router.port in ROUTER_POD_PORTS:
             raise ValueError(
                 "spec.router.port must not be a port the router pod already uses "
@@ -1200,8 +1366,11 @@ __all__ = [
     "DisaggregatedDeployment",
     "DisaggregatedDeploymentSpec",
     "DisaggregatedDeploymentStatus",
+    "EndpointPickerSpec",
     "Engine",
     "EngineSpec",
+    "GatewayApiSpec",
+    "GatewayParentRef",
     "KVTransferSpec",
     "ModelCacheCreate",
     "ModelCacheSpec",
@@ -1215,6 +1384,7 @@ __all__ = [
     "RoleStatus",
     "RouterSpec",
     "RouterStatus",
+    "RouterType",
     "ScalingDecision",
     "format_ratio",
 ]

@@ -56,6 +56,14 @@ class Versions:
     # serves here (`go list -m -json ...@v0.95.x` answers 403 "not available"; its pkg/apis/monitoring
     # submodule goes to v0.95.2, but that module ships no CRD manifests).
     prometheus_operator: str = "v0.94.1"
+    # Gateway API Inference Extension (sigs.k8s.io/gateway-api-inference-extension): only its
+    # InferencePool CRD (inference.networking.k8s.io/v1), to validate what spec.router.type gateway-api
+    # renders. v1.6.0 is the newest version whose module the Go module proxy serves here (v1.6.1's .info
+    # answers but its .zip is 403; v1.6.2, v1.7.0 and v1.8.0 answer 403).
+    gateway_api_inference_extension: str = "v1.6.0"
+    # Gateway API (sigs.k8s.io/gateway-api): its standard-channel CRDs (HTTPRoute, Gateway, ...). v1.7.0's
+    # go.mod needs a newer Go than the toolchain here; v1.6.3 is the newest v1.6 release it serves.
+    gateway_api: str = "v1.6.3"
 
 
 @dataclass(frozen=True)
@@ -424,6 +432,38 @@ def ensure_prometheus_operator_crds(settings: BuildSettings | None = None) -> li
         info = _module_info(component, go, PROMETHEUS_OPERATOR_MODULE, version, scratch, _go_env())
         source = Path(str(info["Dir"]))
         for relative, path in zip(PROMETHEUS_OPERATOR_CRDS, paths, strict=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_suffix(".tmp")
+            shutil.copyfile(source / relative, staging)
+            staging.chmod(0o644)  # the module cache is read-only
+            staging.rename(path)
+    return paths
+
+
+def ensure_module_files(
+    name: str, module: str, version: str, relatives: Sequence[str], settings: BuildSettings | None = None
+) -> list[Path]:
+    """Files ``relatives`` of Go module ``module@version`` (manifests a module ships, e.g. CRDs), copied
+    from the Go module cache (``go mod download``) under ``~/.cache/disagg/<name>-<version>/`` once."""
+    settings = settings or BuildSettings()
+    out = settings.cache_root / f"{name}-{version}"
+    paths = [out / "manifests" / relative for relative in relatives]
+    if all(p.is_file() for p in paths):
+        return paths
+    with _component_lock(settings, name):
+        if all(p.is_file() for p in paths):
+            return paths
+        go = shutil.which(settings.go)
+        if go is None:
+            raise BinaryError(f"{name}: the Go toolchain ({settings.go!r}) is not on PATH")
+        log(settings, f"{name} {version}: not cached, go mod download (its manifests)")
+        scratch = out / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / "go.mod").write_text("module disagg.local/scratch\n\ngo 1.26\n")
+        source = Path(str(_module_info(name, go, module, version, scratch, _go_env())["Dir"]))
+        for relative, path in zip(relatives, paths, strict=True):
+            if not (source / relative).is_file():
+                raise BinaryError(f"{name} {version}: the module has no {relative}")
             path.parent.mkdir(parents=True, exist_ok=True)
             staging = path.with_suffix(".tmp")
             shutil.copyfile(source / relative, staging)

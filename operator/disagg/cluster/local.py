@@ -6,7 +6,9 @@ output in ``<state_dir>/logs``; ``up`` reuses a running cluster, ``down`` stops 
 removes the state directory. kwok turns the Node objects created here into Ready nodes with GPUs and
 makes the pods scheduled onto them Running and Ready. The LeaderWorkerSet controller's CRDs, RBAC and
 webhooks are installed from its release (:mod:`disagg.cluster.lws`), and the Prometheus Operator's CRDs
-from its (:mod:`disagg.cluster.monitoring`), so monitoring objects are validated by the API server.
+from its (:mod:`disagg.cluster.monitoring`), so monitoring objects are validated by the API server; so are
+the Gateway API's and the Inference Extension's (:mod:`disagg.cluster.gateway`, for spec.router.type
+gateway-api).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from disagg.cluster import lws, monitoring
+from disagg.cluster import gateway, lws, monitoring
 from disagg.cluster.binaries import BuildSettings, ensure_binary
 from disagg.cluster.certs import Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
@@ -166,11 +168,13 @@ class LocalCluster:
             if info is not None:
                 self._ensure_nodes(info)
                 self._install_monitoring_crds(info)  # a cluster started before they were installed
+                self._install_gateway_crds(info)
                 self._wait_nodes_ready(info)
                 return info
             self._stop_processes()
             binaries = {name: ensure_binary(name, self.build) for name in COMPONENTS}
             monitoring.crds(self.build)  # obtained before anything starts, like the programs
+            gateway.crds(self.build)
             try:
                 return self._start(binaries)
             except BaseException:
@@ -366,6 +370,7 @@ class LocalCluster:
             info, pki, binaries["lws-controller"], lws.LwsPorts(lws_webhook, lws_health), procs
         )
         self._install_monitoring_crds(info, procs)
+        self._install_gateway_crds(info, procs)
         self._wait_nodes_ready(info, procs)
         with self.client(info) as client:
             # the controller-manager is working once it has made the default ServiceAccount
@@ -504,6 +509,17 @@ class LocalCluster:
                 names = monitoring.install(client, self.build)
             except lws.LwsInstallError as error:
                 raise ClusterError(f"prometheus-operator CRDs: {error}") from error
+            self._wait("kube-apiserver", procs or {}, lambda: lws.established(client, names))
+
+    def _install_gateway_crds(
+        self, info: ClusterInfo, procs: Mapping[str, subprocess.Popen[bytes]] | None = None
+    ) -> None:
+        """The Gateway API's and the Inference Extension's CRDs (no gateway runs), applied and Established."""
+        with self.client(info) as client:
+            try:
+                names = gateway.install(client, self.build)
+            except lws.LwsInstallError as error:
+                raise ClusterError(f"gateway API CRDs: {error}") from error
             self._wait("kube-apiserver", procs or {}, lambda: lws.established(client, names))
 
     @staticmethod

@@ -86,6 +86,10 @@ JOB = Kind("batch/v1", "Job", "jobs")  # the model cache's download Job
 # Multi-node pools (spec.<role>.parallelism.nodesPerReplica > 1): sigs.k8s.io/lws, its own CRD.
 LEADERWORKERSET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True)
 PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")  # the model cache's claim
+# spec.router.type gateway-api (disagg.render.gateway): the Inference Extension's pool and the Gateway API's
+# route, their own CRDs.
+INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools", optional=True)
+HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True)
 # The operator's own kinds, named where their models are (disagg.api).
 DISAGG_DEPLOYMENT = Kind(GROUP_VERSION, deployment_api.KIND, deployment_api.PLURAL)
 RATIO_POLICY = Kind(GROUP_VERSION, ratiopolicy_api.KIND, ratiopolicy_api.PLURAL)
@@ -105,6 +109,8 @@ CHILD_KINDS: tuple[Kind, ...] = (
     JOB,
     PVC,
     LEADERWORKERSET,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
 )
 
 

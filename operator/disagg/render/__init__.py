@@ -24,6 +24,7 @@ from disagg.render.builders import (
     build_router_rbac,
     build_router_service,
 )
+from disagg.render.gateway import build_epp_deployment, gateway_children
 from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 
 
@@ -99,26 +100,33 @@ def render_children(
     settings: RenderSettings = DEFAULT_SETTINGS,
 ) -> list[dict[str, Any]]:
     """Every child of ``dd``, in apply order (RBAC, model cache claim, Services, download Job,
-    Deployments, PDBs).
+    Deployments, PDBs). With spec.router.type gateway-api the built-in router's RBAC, Service and
+    Deployment are replaced by the endpoint picker's, its ConfigMap, the InferencePool and the optional
+    HTTPRoute (:mod:`disagg.render.gateway`).
 
     ``replicas`` overrides the pools' replica counts (e.g. :func:`effective_replicas`, or 0 while the
     model cache is being filled); a missing role keeps spec.<role>.replicas.
     """
     counts = dict(replicas or {})
-    children: list[dict[str, Any]] = list(build_router_rbac(dd))
+    gateway_api = dd.spec.router.gateway
+    children: list[dict[str, Any]] = gateway_children(dd, settings) if gateway_api else build_router_rbac(dd)
     pvc = build_model_cache_pvc(dd)
     if pvc is not None:
         children.append(pvc)
     for role in ROLE_NAMES:
         children.append(build_role_service(dd, role, headless=False, settings=settings))
         children.append(build_role_service(dd, role, headless=True, settings=settings))
-    children.append(build_router_service(dd, settings))
+    if not gateway_api:
+        children.append(build_router_service(dd, settings))
     job = build_model_download_job(dd, settings)
     if job is not None:
         children.append(job)
     children.append(build_prefill_deployment(dd, counts.get("prefill"), settings))
     children.append(build_decode_deployment(dd, counts.get("decode"), settings))
-    children.append(build_router_deployment(dd, None, settings))
+    if gateway_api:
+        children.append(build_epp_deployment(dd, settings))
+    else:
+        children.append(build_router_deployment(dd, None, settings))
     children += [build_pdb(dd, role) for role in ROLE_NAMES]
     return children
 

@@ -12,6 +12,7 @@ from typing import Any
 from disagg.api.common import EnvVar
 from disagg.api.deployment import GPU_RESOURCE, DisaggregatedDeployment, RoleName
 from disagg.api.podtemplate import deep_merge
+from disagg.render import gateway
 from disagg.render.engines import (
     HF_CACHE_VOLUME,
     HF_HUB_CACHE_DIR,
@@ -149,6 +150,8 @@ def build_engine_pod_template(
     and the KV connector's wiring; a worker, which serves no HTTP, has no probes and is not scraped.
     """
     role_spec = dd.spec.role(role)
+    given_settings = settings
+    settings = gateway.engine_settings(dd, role, settings)  # gateway-api moves the decode engine's port
     module = engine_module(dd)
     probes = module.probes(settings)
     engine: EngineContainer = engine_container(dd, role, settings, member)
@@ -213,6 +216,7 @@ def build_engine_pod_template(
         "metadata": {"labels": pod_labels(dd, role, member), "annotations": annotations},
         "spec": pod_spec,
     }
+    template = gateway.add_to_pod_template(dd, role, template, given_settings)
     if role_spec.pod_template:
         template = deep_merge(template, role_spec.pod_template)
         # The selector must keep matching whatever the override did to the labels.
