@@ -42,6 +42,8 @@ CONTROL_PLANE_PROGRAMS = (
     "lws-controller",
     "helm",
     "prometheus",
+    "registry",  # the OCI registry the chart test pushes the packaged charts to
+    "prometheus-adapter",  # the external metrics API the HPA e2e scales through (tests/e2e/test_hpa_scale.py)
 )
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
 _BINARY_ERROR_KEY = pytest.StashKey[str]()

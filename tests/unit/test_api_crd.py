@@ -40,7 +40,8 @@ def test_names_scope_and_status_subresource() -> None:
     assert (names["kind"], names["shortNames"]) == ("DisaggregatedDeployment", ["dd", "disagg"])
     version = crd["spec"]["versions"][0]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"  # HPA/KEDA
     assert crd["spec"]["scope"] == "Namespaced"
 
 

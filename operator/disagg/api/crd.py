@@ -81,6 +81,8 @@ class CrdSpec:
     version: str = API_VERSION
     scope: str = "Namespaced"
     status_subresource: bool = True
+    # The /scale subresource: (specReplicasPath, statusReplicasPath, labelSelectorPath), or None.
+    scale_subresource: tuple[str, str, str] | None = None
     extra_validations: tuple[dict[str, str], ...] = field(default_factory=tuple)
 
     @property
@@ -204,8 +206,18 @@ def crd_for(spec: CrdSpec) -> dict[str, Any]:
         "storage": True,
         "schema": {"openAPIV3Schema": schema},
     }
+    subresources: dict[str, Any] = {}
     if spec.status_subresource:
-        version["subresources"] = {"status": {}}
+        subresources["status"] = {}
+    if spec.scale_subresource is not None:
+        spec_path, status_path, selector_path = spec.scale_subresource
+        subresources["scale"] = {
+            "specReplicasPath": spec_path,
+            "statusReplicasPath": status_path,
+            "labelSelectorPath": selector_path,
+        }
+    if subresources:
+        version["subresources"] = subresources
     columns = [c.to_api() for c in spec.printer_columns]
     if not any(c["name"] == "Age" for c in columns):
         columns.append(AGE_COLUMN.to_api())
@@ -240,6 +252,9 @@ def deployment_crd_spec() -> CrdSpec:
         plural=dd.PLURAL,
         singular=dd.SINGULAR,
         short_names=dd.SHORT_NAMES,
+        # HPA and KEDA scale the whole deployment: spec.replicas is both pools' total, which the
+        # operator splits at the ratio (disagg.render.scale); it stays the only writer of child replicas.
+        scale_subresource=(".spec.replicas", ".status.replicas", ".status.selector"),
         printer_columns=(
             PrinterColumn("Engine", ".spec.engine.type", description="Inference engine"),
             PrinterColumn("Connector", ".spec.kvTransfer.connector", description="KV connector"),

@@ -1020,6 +1020,9 @@ class RouterSpec(ApiModel):
 
 # ------------------------------------------------------------------------------------------ autoscaling
 
+# Most replicas spec.replicas may ask for: both pools at ReplicaBounds' 1000 each.
+MAX_TOTAL_REPLICAS = 2000
+
 
 class ReplicaBounds(ApiModel):
     """Replica bounds of one pool under autoscaling."""
@@ -1201,6 +1204,18 @@ class DisaggregatedDeploymentSpec(ApiModel):
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="Ratio autoscaling (off unless enabled)."
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOTAL_REPLICAS,
+        description="Total replicas of both pools (prefill + decode), for an external autoscaler (HPA, "
+        "KEDA) through this object's /scale subresource. When set, the operator sizes the pools to sum to "
+        "it at the prefill:decode ratio the RatioPolicy decided (with autoscaling enabled and active), else "
+        "at spec.prefill.replicas:spec.decode.replicas; each pool stays within spec.autoscaling.<pool> and "
+        "the total within spec.autoscaling.maxGPUs. 0 scales both pools to zero (KEDA's idle state); "
+        "otherwise each pool keeps at least one replica. Unset: the pools' own replicas (or the "
+        "RatioPolicy's decision) apply. The operator stays the only writer of the pools' replicas.",
     )
 
     @model_validator(mode="after")

@@ -144,6 +144,18 @@ class DisaggregatedDeploymentStatus(ApiModel):
     ratio: str | None = Field(default=None, max_length=32, description="Desired prefill:decode, e.g. 2:3.")
     router: RouterStatus | None = Field(default=None, description="The router and its endpoint.")
     autoscaling: AutoscalingStatus | None = Field(default=None, description="The autoscaler's state.")
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas of both pools that exist (prefill + decode; a multi-node replica counts "
+        "once): the /scale subresource's status.replicas, which HPA and KEDA read.",
+    )
+    selector: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Label selector of both pools' pods, in the string form /scale reports "
+        "(status.selector), which HPA needs for pod and resource metrics.",
+    )
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

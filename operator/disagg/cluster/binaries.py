@@ -64,6 +64,19 @@ class Versions:
     # Gateway API (sigs.k8s.io/gateway-api): its standard-channel CRDs (HTTPRoute, Gateway, ...). v1.7.0's
     # go.mod needs a newer Go than the toolchain here; v1.6.3 is the newest v1.6 release it serves.
     gateway_api: str = "v1.6.3"
+    # The CNCF distribution registry (github.com/distribution/distribution/v3, cmd/registry): a local OCI
+    # registry on 127.0.0.1 that the chart test pushes the packaged charts to (`helm push`) and installs
+    # them from (`helm install oci://...`). v3.1.2 is the newest version the Go module proxy serves here.
+    registry: str = "v3.1.2"
+    # prometheus-adapter (sigs.k8s.io/prometheus-adapter): serves the external metrics API
+    # (external.metrics.k8s.io) from the local Prometheus, so the real HPA controller in
+    # kube-controller-manager can scale a DisaggregatedDeployment through its /scale subresource. v0.12.0
+    # is the newest version the Go module proxy serves here (v0.12.1 and v0.13.0 answer 403).
+    prometheusadapter: str = "v0.12.0"
+    # KEDA (github.com/kedacore/keda/v2): only its CRDs (config/crd/bases), so the ScaledObject example that
+    # targets a DisaggregatedDeployment's /scale is validated by the API server. v2.21.0 is the newest
+    # version the Go module proxy lists here.
+    keda: str = "v2.21.0"
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,8 @@ COMPONENT_OF: Mapping[str, str] = {
     "promtool": "prometheus",
     "helm-docs": "helmdocs",
     "lws-controller": "lws",
+    "registry": "registry",
+    "prometheus-adapter": "prometheusadapter",
 }
 
 PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
@@ -107,6 +122,8 @@ PROGRAMS_OF: Mapping[str, tuple[str, ...]] = {
     "prometheus": ("prometheus", "promtool"),
     "helmdocs": ("helm-docs",),
     "lws": ("lws-controller",),
+    "registry": ("registry",),
+    "prometheusadapter": ("prometheus-adapter",),
 }
 
 
@@ -254,6 +271,8 @@ def _rename_outputs(staging: Path, component: str) -> None:
         renames = {"server": "etcd", "v3": "etcd"}
     elif component == "lws":
         renames = {"cmd": "lws-controller"}  # LWS's manager is the main package sigs.k8s.io/lws/cmd
+    elif component == "prometheusadapter":
+        renames = {"adapter": "prometheus-adapter"}  # main package sigs.k8s.io/prometheus-adapter/cmd/adapter
     for old, new in renames.items():
         if (staging / old).exists():
             (staging / old).rename(staging / new)
@@ -360,6 +379,26 @@ def _plan(settings: BuildSettings, component: str, go: str, workdir: Path, env: 
                 f"-X {package}.GitVersion={version}",
                 f"-X {package}.GitCommit={_origin_hash(info)}",
                 f"-X {package}.BuildDate={_build_date(info)}",
+            ),
+        )
+    if component == "prometheusadapter":
+        return GoBuild(
+            module="sigs.k8s.io/prometheus-adapter",
+            version=version,
+            packages=("sigs.k8s.io/prometheus-adapter/cmd/adapter",),
+        )
+    if component == "registry":
+        module = "github.com/distribution/distribution/v3"
+        info = _module_info(component, go, module, version, scratch, env)
+        return GoBuild(
+            module=module,
+            version=version,
+            packages=(f"{module}/cmd/registry",),
+            # what distribution's Makefile sets (GO_LDFLAGS: version.version, .revision, .mainpkg)
+            ldflags=(
+                f"-X {module}/version.version={version}",
+                f"-X {module}/version.revision={_origin_hash(info)}",
+                f"-X {module}/version.mainpkg={module}",
             ),
         )
     raise BinaryError(f"{component}: no Go build known")

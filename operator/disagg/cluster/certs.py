@@ -2,7 +2,8 @@
 
 One CA signs the kube-apiserver serving certificate, the LeaderWorkerSet controller's webhook serving
 certificate (127.0.0.1: the API server calls it by URL, with this CA as the caBundle) and the client
-certificates of the admin, the controller-manager, the scheduler, kwok and the LeaderWorkerSet controller;
+certificates of the admin, the controller-manager, the scheduler, kwok, the LeaderWorkerSet controller and
+the aggregation layer's front proxy;
 an RSA key pair signs and verifies ServiceAccount tokens.
 """
 
@@ -43,6 +44,7 @@ class ClientIdentity:
     groups: tuple[str, ...] = ()
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
 # The identities the control plane's own clients use; `system:masters` bypasses RBAC for the admin.
 CLIENT_IDENTITIES: tuple[ClientIdentity, ...] = (
     ClientIdentity("admin", "kubernetes-admin", ("system:masters",)),
@@ -51,6 +53,9 @@ CLIENT_IDENTITIES: tuple[ClientIdentity, ...] = (
     ClientIdentity("kwok", "kwok-controller", ("system:masters",)),
     # bound to the ClusterRole the LWS release ships (config/rbac/role.yaml), as its Helm chart does
     ClientIdentity("lws-controller", "lws-controller-manager"),
+    # The aggregation layer's proxy client: the API server presents it to extension API servers (the
+    # metrics adapter), which trust the X-Remote-* headers only from this name.
+    ClientIdentity(FRONT_PROXY_CLIENT, FRONT_PROXY_CLIENT),
 )
 
 

@@ -5,11 +5,15 @@ kubeconfigs made from them, and what ``up`` and ``status`` report (:class:`Clust
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
-from collections.abc import Mapping
+import ssl
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from disagg.cluster.binaries import BuildSettings, cached_path
 
@@ -100,6 +104,14 @@ class ClusterInfo:
         if dirs:
             env["PATH"] = os.pathsep.join([*dirs, env.get("PATH", "")])
         return env
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[httpx.Client]:
+        """An HTTP client of the API server as the admin (its client certificate, the cluster's CA)."""
+        context = ssl.create_default_context(cafile=str(self.ca_cert))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        with httpx.Client(base_url=self.server, verify=context, timeout=10.0) as client:
+            yield client
 
 
 @dataclass(frozen=True)

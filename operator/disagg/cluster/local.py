@@ -32,7 +32,7 @@ import yaml
 
 from disagg.cluster import gateway, lws, monitoring
 from disagg.cluster.binaries import BuildSettings, ensure_binary
-from disagg.cluster.certs import Pki, generate_pki
+from disagg.cluster.certs import FRONT_PROXY_CLIENT, Pki, generate_pki
 from disagg.cluster.kwok_stages import kwok_config_documents
 from disagg.cluster.layout import (
     COMPONENTS,
@@ -226,9 +226,7 @@ class LocalCluster:
 
     @contextlib.contextmanager
     def client(self, info: ClusterInfo) -> Iterator[httpx.Client]:
-        context = ssl.create_default_context(cafile=str(info.ca_cert))
-        context.load_cert_chain(str(info.client_cert), str(info.client_key))
-        with httpx.Client(base_url=info.server, verify=context, timeout=10.0) as client:
+        with info.client() as client:
             yield client
 
     # -- state -----------------------------------------------------------------------------------------
@@ -441,6 +439,17 @@ class LocalCluster:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            # The aggregation layer, for extension API servers such as the metrics adapter that serves
+            # external.metrics.k8s.io to the HPA controller (disagg.cluster.metrics_adapter). Flags as
+            # https://kubernetes.io/docs/tasks/extend-kubernetes/configure-aggregation-layer/ lists them;
+            # one CA here signs both client and front-proxy certificates.
+            f"--requestheader-client-ca-file={pki.ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.client_cert(FRONT_PROXY_CLIENT)}",
+            f"--proxy-client-key-file={pki.client_key(FRONT_PROXY_CLIENT)}",
             f"--v={self.settings.log_verbosity}",
             *self.settings.extra_apiserver_args,
         ]

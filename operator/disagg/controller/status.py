@@ -84,6 +84,7 @@ def build_status(
     problem: Problem | None,
     now: Moment,
     model_cached: tuple[bool, str, str] | None = None,
+    selector: str | None = None,
 ) -> dict[str, Any]:
     """The new status: everything the reconciler owns, merged over ``current`` (other writers' keys kept).
 
@@ -91,6 +92,8 @@ def build_status(
     set when the spec could not be rendered or the children could not be applied. ``model_cached`` is
     the ModelCached condition (status, reason, message) under spec.model.cache; None removes it. While it
     is False the pools are held at 0 replicas, so the object is not Ready whatever the pools say.
+    ``selector`` is both pools' pod selector; with it go ``replicas`` (both pools' replicas that exist),
+    the /scale subresource's status that HPA and KEDA read.
     """
     status: dict[str, Any] = {k: v for k, v in current.items()}
     status["observedGeneration"] = generation
@@ -101,6 +104,9 @@ def build_status(
             role_status = RoleStatus.of(desired=state.desired, replicas=state.replicas, ready=state.ready)
         status[role] = role_status.to_api()
     prefill, decode = roles.get("prefill"), roles.get("decode")
+    if selector is not None:
+        status["selector"] = selector
+        status["replicas"] = sum(state.replicas for state in (prefill, decode) if state is not None)
     if prefill is not None and decode is not None:
         status["ratio"] = format_ratio(prefill.desired, decode.desired)
     router = roles.get("router")

@@ -25,6 +25,7 @@ from disagg.render.builders import (
     build_router_service,
 )
 from disagg.render.gateway import build_epp_deployment, gateway_children
+from disagg.render.scale import scale_split
 from disagg.render.settings import DEFAULT_SETTINGS, RenderSettings
 
 
@@ -72,7 +73,10 @@ def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
     """Replicas per role the reconciler applies.
 
     The autoscaler's decision (status.autoscaling.desiredReplicas, when autoscaling is enabled, its mode is
-    active and that field exists), else spec.<role>.replicas.
+    active and that field exists), else spec.<role>.replicas. When spec.replicas is set (the /scale
+    subresource HPA and KEDA write), those counts give only the ratio: the pools are sized to sum to
+    spec.replicas at it (:func:`disagg.render.scale.split_total`; :func:`scale_limit` says when bounds or
+    the GPU budget hold the total elsewhere).
 
     One clamp: the policy's. :func:`disagg.policy.decide` is where a decision is bounded, within
     :func:`disagg.policy.bounds.bounds_for` of this spec, and a decision made under this spec passes
@@ -84,14 +88,31 @@ def effective_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
     It binds only on such a stale value (:func:`stale_decision`, which the reconciler records), and only
     until the autoscaler's next evaluation decides within the new bounds.
     """
+    ratio = _pool_replicas(dd)
+    split = scale_split(dd, ratio)  # spec.replicas (/scale): that total, split at this ratio
+    return ratio if split is None else split.replicas
+
+
+def _pool_replicas(dd: DisaggregatedDeployment) -> dict[str, int]:
+    """The replicas without /scale: the decision within the user's bounds, else spec.<role>.replicas."""
     spec = dd.spec
     result: dict[str, int] = {role: spec.role(role).replicas for role in ROLE_NAMES}
     decided = _decided(dd)
-    if decided is None:
-        return result
-    for role in ROLE_NAMES:
-        result[role] = spec.replica_bounds(role).clamp(decided[role])  # the user's bounds, see above
+    if decided is not None:
+        for role in ROLE_NAMES:
+            result[role] = spec.replica_bounds(role).clamp(decided[role])  # the user's bounds, see above
     return result
+
+
+def scale_limit(dd: DisaggregatedDeployment) -> str | None:
+    """Why the pools do not sum to spec.replicas (the /scale total), or None when they do or it is unset."""
+    split = scale_split(dd, _pool_replicas(dd))
+    if split is None or split.limit is None:
+        return None
+    return (
+        f"spec.replicas {split.requested} {split.limit}: prefill {split.replicas['prefill']}, "
+        f"decode {split.replicas['decode']}"
+    )
 
 
 def render_children(
@@ -147,4 +168,5 @@ __all__ = [
     "deep_merge",
     "effective_replicas",
     "render_children",
+    "scale_limit",
 ]

@@ -59,6 +59,15 @@ def selector_labels(dd_name: str, component: Component) -> dict[str, str]:
     }
 
 
+def pools_selector(dd_name: str) -> str:
+    """Both pools' pods as one label selector in string form (the /scale subresource's status.selector,
+    which HPA parses with labels.Parse)."""
+    common = selector_labels(dd_name, "prefill")
+    role = common.pop(ROLE_LABEL)
+    parts = [f"{key}={value}" for key, value in sorted(common.items())]
+    return ",".join([*parts, f"{ROLE_LABEL} in ({role},decode)"])
+
+
 def labels(dd_name: str, component: Component) -> dict[str, str]:
     """All labels of a child and of its pods."""
     return {
