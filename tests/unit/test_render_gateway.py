@@ -306,3 +306,14 @@ def test_combinations_that_make_no_sense_are_refused(router: Obj, message: str) 
     doc["spec"]["router"] = copy.deepcopy(router)
     with pytest.raises(ValueError, match=message):
         DisaggregatedDeployment.model_validate(doc)
+
+
+def test_the_status_names_no_router_url_under_gateway_api() -> None:
+    from disagg.controller.reconcile import router_endpoint
+
+    def endpoint(dd: DisaggregatedDeployment) -> str | None:
+        return router_endpoint({(o["kind"], o["metadata"]["name"]): o for o in children(dd)})
+
+    builtin = example("vllm-nixl.yaml")
+    assert endpoint(builtin) == f"http://{builtin.name}-router.default.svc:8000"
+    assert endpoint(gateway_dd()) is None  # the router Service is the endpoint picker's gRPC
