@@ -47,7 +47,8 @@ from disagg.k8s.client import (
     KubeApi,
 )
 from disagg.k8s.events import post_event
-from disagg.render import effective_replicas, render_children, stale_decision
+from disagg.render import effective_replicas, render_children, scale_limit, stale_decision
+from disagg.render.names import pools_selector
 
 ROLE_LABEL = "disagg.dev/role"
 STATUS_WRITE_ATTEMPTS = 3
@@ -71,6 +72,7 @@ class Applied:
     wanted: dict[str, int] | None = None  # the replicas asked for, before the model cache gate
     model_cached: tuple[bool, str, str] | None = None  # the ModelCached condition written
     stale: str | None = None  # why the decision was not applied as decided (render.stale_decision)
+    scale_limit: str | None = None  # why the pools do not sum to spec.replicas (render.scale_limit)
 
 
 class TransientError(Exception):
@@ -298,6 +300,7 @@ class Reconciler:
         cache: ModelCacheState | None = None
         keep: set[ChildKey] = set()
         stale: str | None = None
+        limited: str | None = None
         recorded = self.applied(key)
         if dd is not None:
             cache, job = self._model_cache(obj, dd)
@@ -307,13 +310,16 @@ class Reconciler:
             if problem is None:
                 wanted = dict(effective_replicas(dd))  # it just succeeded inside render
                 stale = stale_decision(dd)
+                limited = scale_limit(dd)
         model_cached = _condition_of(cache)
         applied: ApplyResult | None = None
         generation = int(metadata.get("generation") or 0)
         manifests = {child_key(m): m for m in (with_owner(c, obj) for c in children)}
         if problem is None:
             # remembered before applying, so the watch events our own apply causes are not taken for drift
-            self._remember(key, Applied(generation, replicas, manifests, None, wanted, model_cached, stale))
+            self._remember(
+                key, Applied(generation, replicas, manifests, None, wanted, model_cached, stale, limited)
+            )
             try:
                 applied = apply_children(
                     self.api,
@@ -331,11 +337,14 @@ class Reconciler:
             manifests, replicas = {}, None
         elif problem is None and cache is not None and cache.problem is not None:
             problem = cache.problem  # the download failed: the children are applied, the object Degraded
-        self._remember(key, Applied(generation, replicas, manifests, problem, wanted, model_cached, stale))
+        self._remember(
+            key, Applied(generation, replicas, manifests, problem, wanted, model_cached, stale, limited)
+        )
         if applied is not None:
             self._count_changes(applied)
             self._announce_changes(obj, applied)
-            self._announce_stale(obj, stale, recorded.stale if recorded is not None else None)
+            self._announce_once(obj, "StaleScalingDecision", stale, recorded.stale if recorded else None)
+            self._announce_once(obj, "ScaleLimited", limited, recorded.scale_limit if recorded else None)
 
         live = applied.live if applied is not None else self._live_children(obj)
         written = self._write_status(obj, live, problem, generation, model_cached)
@@ -397,13 +406,16 @@ class Reconciler:
                 log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
                 post_event(self.api, obj, reason, message, "Normal")
 
-    def _announce_stale(self, obj: Mapping[str, Any], stale: str | None, before: str | None) -> None:
-        """An Event when the autoscaler's decision does not fit the spec's bounds (once per message, not at
-        every reconcile): the pools are held within them (see :func:`disagg.render.effective_replicas`)."""
-        if stale is None or stale == before:
+    def _announce_once(
+        self, obj: Mapping[str, Any], reason: str, message: str | None, before: str | None
+    ) -> None:
+        """An Event once per message, not at every reconcile: StaleScalingDecision when the autoscaler's
+        decision does not fit the spec's bounds, ScaleLimited when the pools cannot sum to spec.replicas;
+        either way the pools are held within the bounds (see :func:`disagg.render.effective_replicas`)."""
+        if message is None or message == before:
             return
-        log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], stale)
-        post_event(self.api, obj, "StaleScalingDecision", stale, "Normal")
+        log.info("%s/%s: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
+        post_event(self.api, obj, reason, message, "Normal")
 
     def _write_status(
         self,
@@ -425,7 +437,16 @@ class Reconciler:
             if current_obj is None:
                 return False
             current = current_obj.get("status") or {}
-            new = build_status(current, generation, roles, endpoint, problem, self.clock(), model_cached)
+            new = build_status(
+                current,
+                generation,
+                roles,
+                endpoint,
+                problem,
+                self.clock(),
+                model_cached,
+                pools_selector(metadata["name"]),
+            )
             if not status_differs(current, new):
                 return False
             try:
