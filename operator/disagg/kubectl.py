@@ -87,11 +87,16 @@ def format_status(
     autoscaling = spec.get("autoscaling") or {}
     policy_name = (autoscaling.get("policyRef") or {}).get("name")
     scaled = status.autoscaling
+    total = spec.get("replicas")
     if not autoscaling.get("enabled"):
-        lines.append("Autoscaling: off (replicas from spec.prefill.replicas and spec.decode.replicas)")
+        origin = "the ratio" if total is not None else "replicas"
+        lines.append(f"Autoscaling: off ({origin} from spec.prefill.replicas and spec.decode.replicas)")
     else:
         mode = (scaled.mode if scaled else None) or autoscaling.get("mode") or "the policy's"
         lines.append(f"Autoscaling: {mode}, RatioPolicy {policy_name}")
+    if total is not None:
+        where = "spec.replicas, /scale: HPA, KEDA or kubectl scale"
+        lines.append(f"Scale:      {total} replicas in all ({where})")
     if policy_name:
         lines.append(_slo_line(str(policy_name), policy))
     if scaled is not None and scaled.last_evaluation is not None:

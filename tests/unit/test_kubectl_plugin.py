@@ -50,6 +50,14 @@ def test_status_without_autoscaling_status_or_policy() -> None:
     out = format_status(bare, None, NOW)
     assert "no status yet" in out and "Autoscaling: off" in out and "SLO" not in out
     assert "SLO:        RatioPolicy chat not found" in format_status(DD, None, NOW)
+    assert "Scale:" not in out
+
+
+def test_status_says_when_an_external_autoscaler_sets_the_total() -> None:
+    scaled = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"replicas": 6}}
+    out = format_status(scaled, None, NOW)
+    assert "Autoscaling: off (the ratio from spec.prefill.replicas and spec.decode.replicas)" in out
+    assert "Scale:      6 replicas in all (spec.replicas, /scale: HPA, KEDA or kubectl scale)" in out
 
 
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
