@@ -4,7 +4,8 @@ On the local control plane: the real HPA controller (kube-controller-manager), t
 prometheus-adapter serving ``disagg_requests_in_flight`` through the aggregation layer from a real
 Prometheus, which scrapes the live twin's engines while traffic runs through the released router; the
 operator with an active RatioPolicy. The example's HPA (examples/autoscaling/hpa.yaml) is applied as
-shipped, in the test's namespace and with a lower per-replica target so this short run's load moves it.
+shipped, in the test's namespace, with a lower per-replica target (1) and maximum (6) so this short run's
+load moves it.
 
 Asserted: the HPA raises spec.replicas through the scale subresource; the operator sizes the pools to sum
 to it (each at least 1); the pools' replicas are written by the operator only (no second writer in their
@@ -50,10 +51,10 @@ pytestmark = pytest.mark.timeout(480)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "autoscaling"
 START_TOTAL = 3  # the example's spec.replicas: 1 prefill + 2 decode
 # Long prompts at a rate one prefill replica cannot keep up with: requests queue, so the in-flight count
-# (the HPA's metric) rises well above the target of 2 per replica.
+# (the HPA's metric) rises well above the target of 1 per replica.
 SCENARIO = DemoSettings(
     deployment="llm",
-    phases=(Phase("documents", 100.0, 4.0, 6000, 64),),
+    phases=(Phase("documents", 100.0, 6.0, 8000, 128),),
     scale_down_window_s=600,
 )
 HPA_PATH = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers"
@@ -121,7 +122,7 @@ def test_hpa_scales_the_deployment_through_scale_and_the_operator_splits_it(
     hpa = example("hpa.yaml", "HorizontalPodAutoscaler")
     hpa["metadata"]["namespace"] = ns
     hpa["spec"]["maxReplicas"] = 6
-    hpa["spec"]["metrics"][0]["external"]["target"]["averageValue"] = "2"
+    hpa["spec"]["metrics"][0]["external"]["target"]["averageValue"] = "1"
     kube.request("POST", HPA_PATH.format(ns=ns), body=hpa)
 
     # the /scale subresource reports what the HPA reads

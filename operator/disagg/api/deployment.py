@@ -931,6 +931,11 @@ class GatewayApiSpec(ApiModel):
     )
 
 
+# The API server checks these rules against the CRD's default of spec.router ({}), where no field is set:
+# every field a rule reads must be guarded with has().
+_GATEWAY_API = "(has(self.type) && self.type == 'gateway-api')"
+
+
 class RouterSpec(ApiModel):
     """The request router in front of both pools (OpenAI-compatible API)."""
 
@@ -944,18 +949,18 @@ class RouterSpec(ApiModel):
                     ".port",
                 ),
                 _rule(
-                    "self.type == 'gateway-api' || !has(self.gatewayApi)",
+                    f"{_GATEWAY_API} || !has(self.gatewayApi)",
                     GATEWAY_API_NEEDS_TYPE,
                     ".gatewayApi",
                 ),
-                _rule("self.type != 'gateway-api' || !has(self.image)", GATEWAY_API_NO_IMAGE, ".image"),
+                _rule(f"!{_GATEWAY_API} || !has(self.image)", GATEWAY_API_NO_IMAGE, ".image"),
                 _rule(
-                    "self.type != 'gateway-api' || !has(self.args) || size(self.args) == 0",
+                    f"!{_GATEWAY_API} || !has(self.args) || size(self.args) == 0",
                     GATEWAY_API_NO_ARGS,
                     ".args",
                 ),
                 _rule(
-                    "self.type != 'gateway-api' || self.serviceType == 'ClusterIP'",
+                    f"!{_GATEWAY_API} || !has(self.serviceType) || self.serviceType == 'ClusterIP'",
                     GATEWAY_API_SERVICE_TYPE,
                     ".serviceType",
                 ),
