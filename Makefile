@@ -30,13 +30,13 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-## make crds: regenerate crds/ from the API models and copy them into the chart
+## make crds: regenerate crds/ from the API models and copy them into the charts (disagg-operator/crds, disagg-crds/templates)
 crds: venv
 	$(DISAGG) crds
 	sh charts/sync-crds.sh
 
 ## make golden: regenerate the golden manifests of every example (review the diff!)
-## make chart-docs: the chart's policy library copy and its README (helm-docs, from values.yaml's comments)
+## make chart-docs: the chart's policy library copy and both charts' READMEs (helm-docs, from values.yaml's comments)
 chart-docs: venv
 	sh charts/sync-policies.sh
 	helm_docs=$$($(BIN)/python -c 'from disagg.cluster.binaries import ensure_binary; print(ensure_binary("helm-docs"))') \

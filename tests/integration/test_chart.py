@@ -40,14 +40,16 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.api.deployment import DisaggregatedDeployment
-from disagg.cluster.binaries import ensure_binary
-from disagg.cluster.local import ClusterInfo, free_ports
-from disagg.cluster.wait import wait_for
+from disagg.cluster.binaries import Versions, ensure_binary
+from disagg.cluster.local import ClusterInfo, ClusterSettings, LocalCluster, free_ports
+from disagg.cluster.processes import spawn_logged, stop_process_group
+from disagg.cluster.wait import WaitTimeout, wait_for
 from disagg.k8s.client import DISAGG_DEPLOYMENT
 from disagg.metrics.queries import TARGET_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "disagg-operator"
+CRD_CHART = REPO / "charts" / "disagg-crds"
 POLICIES = REPO / "policies"
 DD_GROUP, DD_VERSION, DD_PLURAL = DISAGG_DEPLOYMENT.resource
 # What the chart's monitoring objects need the cluster to serve (helm template --api-versions).
@@ -558,8 +560,9 @@ def test_notes_need_no_repository_and_their_deployment_is_valid(
     assert (POLICIES / f"{dd.spec.autoscaling.policy_ref.name}.yaml").is_file()
 
 
-def test_readme_values_table_is_helm_docs_output(helm_only: Tools) -> None:
-    """charts/disagg-operator/README.md is what helm-docs generates from README.md.gotmpl, Chart.yaml and
+@pytest.mark.parametrize("chart", [CHART, CRD_CHART], ids=lambda c: c.name)
+def test_readme_values_table_is_helm_docs_output(helm_only: Tools, chart: Path) -> None:
+    """Each chart's README.md is what helm-docs generates from its README.md.gotmpl, Chart.yaml and
     values.yaml's comments (regenerate: make chart-docs)."""
     helm_docs = ensure_binary("helm-docs")
     result = _run(
@@ -567,15 +570,16 @@ def test_readme_values_table_is_helm_docs_output(helm_only: Tools) -> None:
             str(helm_docs),
             "--dry-run",
             "--chart-search-root",
-            str(CHART.parent),
+            str(chart),
             "--template-files",
             "README.md.gotmpl",
         ],
         helm_only.env,
         True,
     )
-    assert result.stdout.strip() == (CHART / "README.md").read_text().strip(), "stale README: make chart-docs"
-    assert "| policies.enabled | bool | `false` |" in result.stdout
+    assert result.stdout.strip() == (chart / "README.md").read_text().strip(), "stale README: make chart-docs"
+    table_row = {CHART: "| policies.enabled | bool | `false` |", CRD_CHART: "| keep | bool | `true` |"}[chart]
+    assert table_row in result.stdout
 
 
 def test_library_policies_are_accepted_by_the_api_server(
@@ -1085,3 +1089,270 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         wait_for(
             lambda: (standby.reconciles() or 0) >= 1, timeout_s=30, what="the former standby's reconciles"
         )
+
+
+# --------------------------------------------------------- CRD upgrades, packaged charts, an OCI registry
+
+# The previous chart version, built from git. Nothing was published before the disagg-crds chart existed,
+# so the previous version is the repository at 4ea945b^ (the parent of "spec.common: settings both pools
+# inherit", whose CRDs lack spec.common) made a disagg-crds chart by the same charts/sync-crds.sh, tagged
+# 0.1.0 in its Chart.yaml (the operator chart's version then).
+PREVIOUS_COMMIT = "49b7214fb9f10353c6e08259ff78526e8a22abe6"
+PREVIOUS_VERSION = "0.1.0"
+NEW_FIELD = "common"  # DisaggregatedDeployment spec.common, added by 4ea945b
+DD_CRD = f"{DD_PLURAL}.{DD_GROUP}"
+CHART_CRDS = (DD_CRD, f"ratiopolicies.{DD_GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+
+
+def _chart_version(chart: Path) -> str:
+    return str(yaml.safe_load((chart / "Chart.yaml").read_text())["version"])
+
+
+def _git(*args: str) -> bytes:
+    result = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=60, check=False)
+    assert result.returncode == 0, (
+        f"git {' '.join(args)} failed; the test builds the previous chart version from the repository's "
+        f"history, which a shallow clone lacks:\n{result.stderr.decode(errors='replace')}"
+    )
+    return result.stdout
+
+
+def _previous_crd_chart(root: Path) -> Path:
+    """The disagg-crds chart at PREVIOUS_VERSION: PREVIOUS_COMMIT's CRDs (crds/ and the operator chart's
+    kopf-peering.yaml) made templates by charts/sync-crds.sh, in this chart's frame."""
+    (root / "crds").mkdir(parents=True)
+    for path in _git("ls-tree", "--name-only", PREVIOUS_COMMIT, "crds/").decode().split():
+        (root / path).write_bytes(_git("show", f"{PREVIOUS_COMMIT}:{path}"))
+    peering = Path("charts/disagg-operator/crds/kopf-peering.yaml")
+    (root / peering.parent).mkdir(parents=True)
+    (root / peering).write_bytes(_git("show", f"{PREVIOUS_COMMIT}:{peering}"))
+    shutil.copy(REPO / "charts" / "sync-crds.sh", root / "charts" / "sync-crds.sh")
+    chart = root / "charts" / "disagg-crds"
+    shutil.copytree(CRD_CHART, chart, ignore=shutil.ignore_patterns("templates"))
+    chart_yaml = chart / "Chart.yaml"
+    text = chart_yaml.read_text()
+    chart_yaml.write_text(
+        text.replace(f"\nversion: {_chart_version(CRD_CHART)}\n", f"\nversion: {PREVIOUS_VERSION}\n")
+    )
+    _run(
+        ["sh", str(root / "charts" / "sync-crds.sh")], {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, True
+    )
+    assert _chart_version(chart) == PREVIOUS_VERSION
+    return chart
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_crd_chart_renders_the_crds_as_generated(helm_only: Tools, keep: bool) -> None:
+    """disagg-crds renders every CRD exactly as generated (crds/ and kopf's peering CRDs), plus
+    helm.sh/resource-policy: keep unless keep=false."""
+    helm_only.helm_run("lint", "--strict", str(CRD_CHART))
+    out = helm_only.helm_run("template", "crds", str(CRD_CHART), "--set", f"keep={str(keep).lower()}").stdout
+    rendered = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(out) if doc}
+    sources = [*sorted((REPO / "crds").glob("*.yaml")), CHART / "crds" / "kopf-peering.yaml"]
+    generated = [doc for path in sources for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert sorted(rendered) == sorted(doc["metadata"]["name"] for doc in generated)
+    for doc in generated:
+        expected = json.loads(json.dumps(doc))
+        if keep:
+            expected["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
+        assert rendered[doc["metadata"]["name"]] == expected, doc["metadata"]["name"]
+
+
+def _package(tools: Tools, chart: Path, dest: Path) -> Path:
+    """`helm package CHART`: the .tgz it wrote."""
+    out = tools.helm_run("package", str(chart), "--destination", str(dest)).stdout
+    path = Path(out.strip().rsplit(": ", 1)[1])  # "Successfully packaged chart and saved it to: PATH"
+    assert path.is_file() and path.parent == dest, out
+    return path
+
+
+def _release_chart(tools: Tools, release: str, namespace: str) -> str:
+    """The chart (NAME-VERSION) a release runs, as `helm list` reports it."""
+    listed = json.loads(tools.helm_run("list", "-n", namespace, "-o", "json").stdout)
+    (entry,) = [r for r in listed if r["name"] == release]
+    return str(entry["chart"])
+
+
+def _dd_spec_schema(tools: Tools) -> dict[str, Any]:
+    """The spec properties of the DisaggregatedDeployment CRD as the API server stores it."""
+    crd = json.loads(tools.kubectl_run("get", "crd", DD_CRD, "-o", "json").stdout)
+    (version,) = crd["spec"]["versions"]
+    properties: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    return properties
+
+
+def _get_dd(tools: Tools, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(
+        tools.kubectl_run("get", "dd", name, "-n", namespace, "-o", "json").stdout
+    )
+    return obj
+
+
+@pytest.fixture
+def fresh_tools(helm_only: Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
+    """helm and kubectl against a control plane of the test's own, where no disagg CRD exists yet: the
+    session cluster's CRDs are current and every other test uses them, so the previous version's cannot be
+    installed there. No nodes: only the API server's part is tested."""
+    fresh = LocalCluster(
+        state_dir=tmp_path_factory.mktemp("fresh-cluster"),
+        nodes=(),
+        settings=ClusterSettings(tie_to_parent=True),
+    )
+    try:
+        info = fresh.up()
+        yield Tools(
+            helm=helm_only.helm,
+            kubectl=helm_only.kubectl,
+            env={**helm_only.env, "KUBECONFIG": str(info.kubeconfig)},
+        )
+    finally:
+        fresh.down(keep_state=True)  # logs stay in pytest's temporary directory
+
+
+def test_crd_chart_upgrade_from_the_previous_version_adds_the_new_field(
+    fresh_tools: Tools, tmp_path: Path
+) -> None:
+    """Install the previous disagg-crds chart version from its package, keep an object of it, `helm upgrade`
+    to the current package: the API server stores the new field's schema, the object survives, and the new
+    field, refused before, is accepted and stored; `helm uninstall` leaves the CRDs and the object."""
+    tools, ns, release = fresh_tools, "default", "disagg-crds"
+    packages = tmp_path / "packages"
+    previous = _package(tools, _previous_crd_chart(tmp_path / "previous"), packages)
+    current = _package(tools, CRD_CHART, packages)
+    version = _chart_version(CRD_CHART)
+    assert (previous.name, current.name) == (
+        f"disagg-crds-{PREVIOUS_VERSION}.tgz",
+        f"disagg-crds-{version}.tgz",
+    )
+
+    tools.helm_run("install", release, str(previous), "-n", ns, "--wait")
+    tools.kubectl_run(
+        "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in CHART_CRDS]
+    )
+    assert _release_chart(tools, release, ns) == f"disagg-crds-{PREVIOUS_VERSION}"
+    assert NEW_FIELD not in _dd_spec_schema(tools)
+    # An object of the previous version; one that sets the new field is refused (kubectl apply validates
+    # fields strictly on the server).
+    survivor = example_dd("survivor")
+    tools.kubectl_run("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(survivor))
+    uid = _get_dd(tools, ns, "survivor")["metadata"]["uid"]
+    common = {"nodeSelector": {"pool": "a"}}
+    with_common = yaml.safe_dump({**survivor, "spec": {**survivor["spec"], NEW_FIELD: common}})
+    refused = tools.kubectl_run("apply", "-n", ns, "-f", "-", stdin=with_common, check=False)
+    assert refused.returncode != 0 and f'unknown field "spec.{NEW_FIELD}"' in refused.stderr, refused
+
+    tools.helm_run("upgrade", release, str(current), "-n", ns, "--wait")
+    assert _release_chart(tools, release, ns) == f"disagg-crds-{version}"
+    assert NEW_FIELD in _dd_spec_schema(tools)
+
+    # The API server serves the new schema a moment after the CRD update: applied until it is accepted.
+    last: list[subprocess.CompletedProcess[str]] = []
+
+    def stored() -> dict[str, Any] | None:
+        last[:] = [tools.kubectl_run("apply", "-n", ns, "-f", "-", stdin=with_common, check=False)]
+        return _get_dd(tools, ns, "survivor") if last[0].returncode == 0 else None
+
+    try:
+        upgraded = wait_for(stored, timeout_s=60, what="spec.common accepted after the upgrade")
+    except WaitTimeout as timeout:
+        raise AssertionError(f"{timeout}; the last kubectl apply: {last}") from timeout
+    assert upgraded["spec"][NEW_FIELD] == common  # stored, not pruned
+    assert upgraded["metadata"]["uid"] == uid  # the same object, not a re-created one
+    assert upgraded["spec"]["decode"]["replicas"] == 2 and upgraded["spec"]["engine"]["type"] == "vllm"
+
+    tools.helm_run("uninstall", release, "-n", ns, "--wait")
+    for name in CHART_CRDS:  # helm.sh/resource-policy: keep
+        tools.kubectl_run("get", "crd", name)
+    assert _get_dd(tools, ns, "survivor")["metadata"]["uid"] == uid
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The CNCF distribution registry (built by disagg.cluster.binaries) on 127.0.0.1, plain HTTP, storing
+    under a temporary directory; its HOST:PORT."""
+    binary = ensure_binary("registry")
+    # the pinned release, stamped as distribution's Makefile does (disagg.cluster.binaries)
+    stamp = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True)
+    assert stamp.stdout.split()[1:] == ["github.com/distribution/distribution/v3", Versions().registry]
+    root = tmp_path_factory.mktemp("oci-registry")
+    (port,) = free_ports(1)
+    # distribution's configuration (cmd/registry/config-dev.yml of v3.1.2, reduced): filesystem storage
+    config = {
+        "version": 0.1,
+        "log": {"level": "info"},
+        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+        "http": {"addr": f"127.0.0.1:{port}"},
+    }
+    (root / "config.yml").write_text(yaml.safe_dump(config))
+    log = root / "registry.log"
+    # no OpenTelemetry exporter (distribution v3 traces through autoexport, which reads this variable)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "OTEL_TRACES_EXPORTER": "none"}
+    proc = spawn_logged([str(binary), "serve", str(root / "config.yml")], log, env=env, tie_to_parent=True)
+    try:
+
+        def serving() -> bool:
+            assert proc.poll() is None, f"the registry exited:\n{log.read_text(errors='replace')[-3000:]}"
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(serving, timeout_s=60, what="the registry answering /v2/")
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process_group(proc)
+
+
+def test_packaged_charts_push_to_an_oci_registry_and_install_from_it(
+    tools: Tools,
+    chart_crds: list[str],
+    oci_registry: str,
+    k8s_api: Any,
+    namespace: str,
+    tmp_path: Path,
+    releases: list[str],
+) -> None:
+    """`helm package` both charts, `helm push` them to a local OCI registry, and install from there: the
+    CRD chart adopting the CRDs the cluster has (as the operator chart's crds/ leaves them: owned by no
+    release), the operator chart from its .tgz, then upgraded from the registry."""
+    version = _chart_version(CHART)
+    assert _chart_version(CRD_CHART) == version
+    packages = tmp_path / "packages"
+    tgz = {chart.name: _package(tools, chart, packages) for chart in (CRD_CHART, CHART)}
+    repo = f"oci://{oci_registry}/charts"
+    for name, path in tgz.items():
+        pushed = tools.helm_run("push", str(path), repo, "--plain-http")
+        assert f"Pushed: {oci_registry}/charts/{name}:{version}" in pushed.stdout + pushed.stderr
+    for name, path in tgz.items():  # the registry serves the package, byte for byte
+        pulled = tmp_path / "pulled" / name
+        pulled.mkdir(parents=True)
+        tools.helm_run(
+            "pull", f"{repo}/{name}", "--version", version, "--plain-http", "--destination", str(pulled)
+        )
+        assert (pulled / path.name).read_bytes() == path.read_bytes()
+
+    crd_release = _release()
+    releases.append(crd_release)
+    oci = ("--version", version, "--plain-http", "-n", namespace)
+    tools.helm_run("install", crd_release, f"{repo}/disagg-crds", *oci, "--take-ownership")
+    assert _release_chart(tools, crd_release, namespace) == f"disagg-crds-{version}"
+    for name in chart_crds:
+        annotations = json.loads(tools.kubectl_run("get", "crd", name, "-o", "json").stdout)["metadata"][
+            "annotations"
+        ]
+        assert annotations["meta.helm.sh/release-name"] == crd_release, name
+        assert annotations["helm.sh/resource-policy"] == "keep", name
+
+    release = _release()
+    releases.append(release)
+    values = _values_file(tmp_path, {"watch": {"scope": "namespaces", "namespaces": [namespace]}}, "oci.yaml")
+    tools.helm_run("install", release, str(tgz[CHART.name]), "-n", namespace, "-f", str(values))
+    tools.helm_run(
+        "upgrade", release, f"{repo}/disagg-operator", *oci, "--reuse-values", "--set", "replicaCount=3"
+    )
+    listed = {r["name"]: r for r in json.loads(tools.helm_run("list", "-n", namespace, "-o", "json").stdout)}
+    assert listed[release]["chart"] == f"disagg-operator-{version}"
+    assert str(listed[release]["revision"]) == "2"
+    deployment = client.AppsV1Api(k8s_api).read_namespaced_deployment(_fullname(release), namespace)
+    assert deployment.spec.replicas == 3  # the upgrade from the registry took effect
+    assert deployment.metadata.labels["helm.sh/chart"] == f"disagg-operator-{version}"

@@ -44,6 +44,75 @@ def test_chart_crds_are_identical_to_the_generated_ones() -> None:
     assert not extra, f"chart crds/ has files that crds/ does not: {extra}"
 
 
+CRD_CHART = REPO / "charts" / "disagg-crds"
+# What charts/sync-crds.sh inserts after each top-level `metadata:` of the CRDs it copies into the
+# disagg-crds chart's templates.
+KEEP_POLICY = [
+    "  {{- if .Values.keep }}",
+    "  annotations:",
+    "    helm.sh/resource-policy: keep",
+    "  {{- end }}",
+]
+
+
+def _crd_sources() -> dict[str, Path]:
+    """What the disagg-crds chart carries: the generated CRDs and kopf's peering CRDs."""
+    sources = {p.name: p for p in sorted((REPO / "crds").glob("*.yaml"))}
+    sources[PEERING_FILE] = CHART / "crds" / PEERING_FILE
+    return sources
+
+
+def _without_keep_policy(lines: list[str]) -> tuple[list[str], int]:
+    """``lines`` less the KEEP_POLICY blocks following a top-level ``metadata:``; how many there were."""
+    kept: list[str] = []
+    removed, index = 0, 0
+    while index < len(lines):
+        kept.append(lines[index])
+        if lines[index] == "metadata:" and lines[index + 1 : index + 1 + len(KEEP_POLICY)] == KEEP_POLICY:
+            index += len(KEEP_POLICY)
+            removed += 1
+        index += 1
+    return kept, removed
+
+
+def test_crd_chart_templates_are_the_crds_with_the_keep_policy() -> None:
+    """charts/disagg-crds/templates/ is crds/ (and kopf's peering CRDs), each CRD's metadata gaining only
+    helm.sh/resource-policy: keep (value keep); tests/integration/test_chart.py renders them with helm."""
+    sources = _crd_sources()
+    templates = {p.name: p for p in sorted((CRD_CHART / "templates").glob("*.yaml"))}
+    assert sorted(templates) == sorted(sources), "run `sh charts/sync-crds.sh`"
+    for name, source in sources.items():
+        header, *body = templates[name].read_text().splitlines()
+        assert header.startswith("# Copied by charts/sync-crds.sh from "), name
+        plain, inserted = _without_keep_policy(body)
+        assert plain == source.read_text().splitlines(), f"{name} is stale: run `sh charts/sync-crds.sh`"
+        docs = [d for d in yaml.safe_load_all(source.read_text()) if d]
+        assert inserted == len(docs) >= 1, name  # every CRD of the file, once
+        # The inserted block is metadata's only `annotations`, and nothing else reads as a template action.
+        assert all("annotations" not in d["metadata"] for d in docs), name
+        assert "{{" not in source.read_text(), name
+
+
+def test_the_charts_are_released_together_at_the_operators_version() -> None:
+    from disagg import __version__
+
+    operator = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crds = yaml.safe_load((CRD_CHART / "Chart.yaml").read_text())
+    assert crds["name"] == "disagg-crds"
+    assert operator["version"] == crds["version"]
+    assert operator["kubeVersion"] == crds["kubeVersion"]
+    # appVersion is the operator image's tag the chart defaults to (image.tag empty)
+    assert operator["appVersion"] == crds["appVersion"] == __version__
+
+
+def test_crd_chart_values_are_declared_and_keep_by_default() -> None:
+    values = yaml.safe_load((CRD_CHART / "values.yaml").read_text())
+    schema = json.loads((CRD_CHART / "values.schema.json").read_text())
+    assert values == {"keep": True}
+    assert set(values) == set(schema["properties"]) and schema["additionalProperties"] is False
+    assert "README.md.gotmpl" in (CRD_CHART / ".helmignore").read_text().split()
+
+
 def _peering_crds() -> dict[str, dict[str, Any]]:
     docs = [d for d in yaml.safe_load_all((CHART / "crds" / PEERING_FILE).read_text()) if d]
     return {d["spec"]["names"]["kind"]: d for d in docs}
