@@ -35,7 +35,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "simulate": Subcommand("disagg.twin.cli_simulate", "replay a trace through the serving twin", "twin"),
     "twin": Subcommand(
-        "disagg.twin.live.cli", "the live twin: emulated engines with vLLM/SGLang metrics and APIs", "twin"
+        "disagg.twin.live.cli",
+        "the live twin: emulated engines with vLLM/SGLang metrics and APIs; calibrate: fit it to your runs",
+        "twin",
     ),
     "demo": Subcommand("disagg.demo.cli", "the closed-loop demo on the local control plane", "twin"),
     "conformance": Subcommand(

@@ -250,9 +250,42 @@ class LatencyModel:
 
 
 @functools.cache
-def load_profile_yaml(name: str) -> Any:
-    """One of the profile tables (models.yaml, gpus.yaml, coefficients.yaml), read once per process."""
+def _shipped_yaml(name: str) -> Any:
     return yaml.safe_load((PROFILES_DIR / name).read_text())
+
+
+# A user's calibrated profile (``disagg twin calibrate --out``, loaded by ``disagg simulate --profile``):
+# {"models": {...}, "gpus": {...}, "profiles": {...}} laid over the shipped tables for this process.
+_overlay: dict[str, Any] = {}
+_OVERLAID = {"models.yaml": "models", "gpus.yaml": "gpus", "coefficients.yaml": "profiles"}
+
+
+@functools.cache
+def load_profile_yaml(name: str) -> Any:
+    """One of the profile tables (models.yaml, gpus.yaml, coefficients.yaml), read once per process, with
+    the entries of the profile overlay (:func:`set_profile_overlay`) added or replacing shipped ones."""
+    shipped = _shipped_yaml(name)
+    section = _OVERLAID.get(name)
+    extra = _overlay.get(section or "", {}) if section else {}
+    if not extra:
+        return shipped
+    merged = dict(shipped)
+    merged[section] = {**shipped.get(section, {}), **extra}
+    return merged
+
+
+def profile_overlay() -> dict[str, Any] | None:
+    """The profile overlay in force (a copy), None when only the shipped tables are."""
+    return {k: dict(v) for k, v in _overlay.items()} if _overlay else None
+
+
+def set_profile_overlay(overlay: dict[str, Any] | None) -> None:
+    """Lay a calibrated profile's models, GPUs and coefficient entries over the shipped tables (``None``
+    removes it). The shipped files are not touched; cached latency models are dropped."""
+    global _overlay
+    _overlay = {k: dict(overlay.get(k) or {}) for k in ("models", "gpus", "profiles")} if overlay else {}
+    load_profile_yaml.cache_clear()
+    load_latency_model.cache_clear()
 
 
 def _model_table() -> dict[str, dict[str, Any]]:
@@ -327,10 +360,11 @@ def load_latency_model(
         have = sorted(k for k in coef["profiles"] if k.startswith(f"{mc.name}/{gs.name}/"))
         raise ValueError(f"tp/dtype: no calibrated profile {key!r}; available: {have}")
     rt = coef["runtime"]
+    # an entry may carry its own step and request overheads (a profile calibrated from measured runs)
     runtime = Runtime(
         overhead_factor=float(rt["overhead_factor"]),
-        step_overhead_s=float(rt["step_overhead_ms"]) / 1000,
-        request_overhead_s=float(rt.get("request_overhead_ms", 0.0)) / 1000,
+        step_overhead_s=float(entry.get("step_overhead_ms", rt["step_overhead_ms"])) / 1000,
+        request_overhead_s=float(entry.get("request_overhead_ms", rt.get("request_overhead_ms", 0.0))) / 1000,
         activation_reserve_gib=float(rt["activation_reserve_gib"]),
         gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
     )

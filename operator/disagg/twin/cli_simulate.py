@@ -31,6 +31,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
+from disagg.clicommon import EXIT_FAILURE
 from disagg.twin import profiles, traffic_args
 from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts
 from disagg.twin.report import Report, build_report, format_table, write_html
@@ -95,6 +96,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
     parser.add_argument("--seed", type=int, default=0, help="routing ties and --traffic's draws")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a latency profile from `disagg twin calibrate`, laid over the shipped ones for this run",
+    )
     traffic_args.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -201,6 +207,13 @@ def slo_settings(args: argparse.Namespace, policy: Any) -> SloSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.profile is not None:
+        try:
+            added = profiles.use_profile(args.profile)
+        except ValueError as e:
+            print(f"disagg simulate: {' '.join(str(e).split())}", file=sys.stderr)
+            return EXIT_FAILURE
+        print(f"disagg simulate: note: profile {args.profile}: {', '.join(added)}", file=sys.stderr)
     try:
         dep = SimDeployment.load(args.deployment)
         if args.startup_delay is not None:

@@ -4,7 +4,8 @@
 fixed layout (``--prefill N --decode M``) or following the pods of a DisaggregatedDeployment on a
 cluster (``--kubeconfig K --namespace NS --deployment NAME``). ``--proxy-port`` adds the built-in toy
 P/D proxy; ``--load-trace``/``--load-rate`` drive load through it. ``disagg twin load`` sends bounded
-load to an endpoint that is already running.
+load to an endpoint that is already running. ``disagg twin calibrate`` (:mod:`disagg.twin.cli_calibrate`)
+fits a latency profile to a user's own benchmark runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from disagg.clicommon import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, is_stdout
+from disagg.clicommon import EPILOG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, is_stdout
 from disagg.twin.live.engine import EngineSettings
 from disagg.twin.live.exposition import ENGINE_KINDS
 from disagg.twin.live.latency import LatencyChoice
@@ -44,6 +45,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--target", required=True, help="base URL, http://127.0.0.1:PORT")
     _load_arguments(load, prefix="")
     load.set_defaults(func=load_command)
+    from disagg.twin import cli_calibrate  # pure: fits a profile, no engine
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit a latency profile to your own benchmark runs (vLLM, AIPerf/GenAI-Perf, CSV)",
+        description=cli_calibrate.DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cli_calibrate.configure(calibrate)
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
