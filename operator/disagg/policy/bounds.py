@@ -63,30 +63,41 @@ def engine_int_arg(args: Sequence[str], flag: str, default: int) -> int:
 def replica_layout(spec: DisaggregatedDeploymentSpec, role: Role) -> ReplicaLayout:
     """How a replica of ``role`` splits the model: from the role's ``parallelism`` where given, else the
     engine arguments (vLLM ``--data-parallel-size``, ``--enable-expert-parallel``, ``--enable-dbo``;
-    SGLang ``--dp`` with ``--enable-dp-attention``, ``--ep``/``--ep-size``/``--moe-a2a-backend``,
-    ``--enable-two-batch-overlap``), else the replica's GPUs of tensor parallelism (a MoE replica beyond
-    one node: TP8 attention per node, experts over all GPUs)."""
+    SGLang ``--attn-dp-size``, or ``--dp`` with ``--enable-dp-attention``,
+    ``--ep``/``--ep-size``/``--moe-a2a-backend``, ``--enable-two-batch-overlap``), else the replica's GPUs
+    of tensor parallelism (a MoE replica beyond one node: TP8 attention per node, experts over all GPUs)."""
     rs = spec.role(role)
     par = rs.parallelism
     if par is not None:
         tensor, data = rs.tensor_size, rs.data_size
         ep = tensor * data if (rs.expert_size or 1) > 1 else 1
         return ReplicaLayout(tp=tensor, dp=data, ep=ep, gpus_per_node=rs.gpus_per_node)
-    args = [*spec.engine.args, *rs.args]
+    return layout_from_args([*spec.engine.args, *rs.args], rs.gpus_per_replica, spec.model.name)
+
+
+def layout_from_args(
+    args: Sequence[str], gpus: int, model: str, gpus_per_node: int | None = None
+) -> ReplicaLayout:
+    """How a replica of ``gpus`` GPUs serving ``model`` splits it, from its engine arguments (see
+    :func:`replica_layout`): the policy's reading of a spec's args, and the live twin's of a pod's command
+    line (``gpus_per_node``: the pod's GPUs, for a replica spanning several pods; None: 8)."""
     present = {a.split("=", 1)[0] for a in args}
     overlap = bool(present & {"--enable-two-batch-overlap", "--enable-dbo"})
     expert = bool(present & {"--enable-expert-parallel", "--ep", "--ep-size", "--moe-a2a-backend"})
     dp = engine_int_arg(args, "--data-parallel-size", 1)
     if "--enable-dp-attention" in present:
         dp = engine_int_arg(args, "--dp", engine_int_arg(args, "--dp-size", dp))
-    gpus = rs.gpus_per_replica
+    # SGLang's replacement of --dp-size N --enable-dp-attention, what disagg renders (sglang 0.5.23 wheel,
+    # sglang/srt/arg_groups/fields/parallel.py attn_dp_size; disagg.render.engines.sglang)
+    dp = engine_int_arg(args, "--attn-dp-size", dp)
+    node = 8 if gpus_per_node is None else gpus_per_node  # ReplicaLayout's default
     if dp > 1 or expert or overlap:
         dp = max(1, dp)
         tp = max(1, gpus // dp)
-        return ReplicaLayout(tp=tp, dp=dp, ep=tp * dp if expert else 1, overlap=overlap)
-    if resolve_moe_model(spec.model.name) is not None and gpus > 8:
-        return ReplicaLayout(tp=8, dp=gpus // 8, ep=gpus)
-    return ReplicaLayout(tp=gpus)
+        return ReplicaLayout(tp=tp, dp=dp, ep=tp * dp if expert else 1, overlap=overlap, gpus_per_node=node)
+    if resolve_moe_model(model) is not None and gpus > 8:
+        return ReplicaLayout(tp=8, dp=gpus // 8, ep=gpus, gpus_per_node=node)
+    return ReplicaLayout(tp=gpus, gpus_per_node=node)
 
 
 def serving_profile(spec: DisaggregatedDeploymentSpec) -> ServingProfile:

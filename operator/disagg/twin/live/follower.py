@@ -13,6 +13,13 @@ pod at once and recycles its IP, but the twin's engine keeps serving through the
 drain, as a kubelet would; the finalizer keeps the (Terminating) pod, and so its IP, until the engine has
 closed. ``stop()`` removes it from every pod.
 
+A replica spanning several nodes is a LeaderWorkerSet group (:mod:`disagg.render.lws`): its pods carry
+``disagg.dev/group-role`` (leader or worker) and the group's index. Only the leader gets an engine, serving
+for the whole group (the workers run ``--headless`` ranks that serve no HTTP), and only once every pod of
+the group (``LWS_GROUP_SIZE``, else the spec's nodesPerReplica) is Running: a group is a unit. The group's
+engine runs the layout its leader's command line gives (:func:`disagg.policy.bounds.layout_from_args`,
+the policy's parser, over the group's GPUs), and a MoE model's latency model under that parallelism.
+
 Which latency model a pod runs comes from the DisaggregatedDeployment (model name, quantization,
 engine) and the pod itself (GPU type from its nodeSelector, tensor-parallel size from its
 ``nvidia.com/gpu`` limit, kv_load_failure_policy from its ``--kv-transfer-config``), with CLI overrides
@@ -35,6 +42,10 @@ from typing import Any, cast
 
 from disagg.api import deployment as deployment_api
 from disagg.api.common import API_GROUP, API_VERSION
+from disagg.perf.moe import Parallelism, resolve_moe_model
+from disagg.policy.bounds import layout_from_args
+from disagg.render.lws import GROUP_INDEX_LABEL, GROUP_SIZE_ENV
+from disagg.render.names import GROUP_ROLE_LABEL
 from disagg.twin.live.engine import KV_LOAD_FAILURE_POLICIES, KvLoadFailurePolicy, Role
 from disagg.twin.live.exposition import ENGINE_KINDS, EngineKind
 from disagg.twin.live.latency import LatencyChoice
@@ -82,6 +93,9 @@ class Defaults:
     tp: Mapping[str, int] | None = None  # role -> TP from the DD spec
     node_selector: Mapping[str, Mapping[str, str]] | None = None  # role -> nodeSelector from the DD spec
     startup_delay_s: float | None = None  # engine seconds a new pod loads its model (None: the pool's)
+    nodes: Mapping[str, int] | None = (
+        None  # role -> pods per replica (spec.<role>.parallelism.nodesPerReplica)
+    )
 
 
 def spec_startup_delay(spec: Mapping[str, Any], dtype: str, scale: float = 1.0) -> float | None:
@@ -125,6 +139,7 @@ def defaults_from_deployment(
             "decode": spec.role("decode").node_selector or {},
         },
         startup_delay_s=delay if delay is not None else base.startup_delay_s,
+        nodes={"prefill": spec.prefill.nodes_per_replica, "decode": spec.decode.nodes_per_replica},
     )
 
 
@@ -224,11 +239,75 @@ def is_serving_pod(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") == "Running" and not meta.get("deletionTimestamp")
 
 
+def group_member(pod: Mapping[str, Any]) -> str:
+    """``single`` (a pod of its own), ``leader`` or ``worker`` of a LeaderWorkerSet group."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    member = labels.get(GROUP_ROLE_LABEL)
+    return str(member) if member in ("leader", "worker") else "single"
+
+
+def group_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(role, group index) of a group's pod; None for a single pod."""
+    if group_member(pod) == "single":
+        return None
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return str(labels.get(ROLE_LABEL, "")), str(labels.get(GROUP_INDEX_LABEL, ""))
+
+
+def group_size(pod: Mapping[str, Any], defaults: Defaults) -> int:
+    """Pods in the pod's group: the LeaderWorkerSet webhook's ``LWS_GROUP_SIZE`` on its engine container,
+    else the spec's nodesPerReplica of its role, else 1."""
+    size = _env_int(_engine_container(pod), GROUP_SIZE_ENV)
+    if size is None:
+        role = str((pod.get("metadata", {}).get("labels") or {}).get(ROLE_LABEL, ""))
+        size = (defaults.nodes or {}).get(role)
+    return max(1, size or 1)
+
+
+def serving_pods(pods: Mapping[str, Mapping[str, Any]], defaults: Defaults) -> list[Mapping[str, Any]]:
+    """The pods that get an engine: every serving single pod, and the leader of each group whose pods are
+    all serving (as many as its group size); never a worker."""
+    running: dict[tuple[str, str], int] = {}
+    for pod in pods.values():
+        key = group_key(pod)
+        if key is not None and is_serving_pod(pod):
+            running[key] = running.get(key, 0) + 1
+    chosen: list[Mapping[str, Any]] = []
+    for pod in pods.values():
+        member = group_member(pod)
+        if not is_serving_pod(pod) or member == "worker":
+            continue
+        key = group_key(pod)
+        if key is not None and running.get(key, 0) < group_size(pod, defaults):
+            continue
+        chosen.append(pod)
+    return chosen
+
+
+def _engine_words(container: Mapping[str, Any]) -> list[str]:
+    return [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+
+
+def pod_parallelism(pod: Mapping[str, Any], model: str, pod_gpus: int, size: int) -> Parallelism | None:
+    """The MoE latency model's parallelism of the replica a pod serves (a group's leader: the whole group's
+    ``pod_gpus * size`` GPUs) from its engine command line, read by the policy's own parser; None for a
+    dense model or plain tensor parallelism within one node."""
+    if resolve_moe_model(model) is None:
+        return None
+    gpus = pod_gpus * size
+    layout = layout_from_args(_engine_words(_engine_container(pod)), gpus, model, gpus_per_node=pod_gpus)
+    if layout.tensor_only:
+        return None
+    return Parallelism(layout.tp, layout.dp, layout.ep, layout.gpus_per_node, layout.overlap)
+
+
 def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Overrides) -> PodSpec | None:
-    """The simulated pod for a pod object (dict), or None when it should not serve."""
+    """The simulated pod for a pod object (dict), or None when it should not serve (not serving, or a
+    group's worker). A group's leader plays the whole group: its GPUs and its layout. Whether the rest of
+    its group is Running is :func:`serving_pods`'s to say."""
     meta = pod.get("metadata", {})
     role = (meta.get("labels") or {}).get(ROLE_LABEL)
-    if role not in FOLLOWED_ROLES or not is_serving_pod(pod):
+    if role not in FOLLOWED_ROLES or not is_serving_pod(pod) or group_member(pod) == "worker":
         return None
     role = cast(Role, role)
     selector = pod.get("spec", {}).get("nodeSelector")
@@ -238,14 +317,19 @@ def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Override
         or _gpu_from_selector((defaults.node_selector or {}).get(role))
         or defaults.gpu
     )
-    tp = overrides.tp or _gpu_limit(pod) or (defaults.tp or {}).get(role) or 1
+    model = overrides.model or defaults.model
+    size = group_size(pod, defaults) if group_member(pod) == "leader" else 1
+    pod_gpus = _gpu_limit(pod) or (defaults.tp or {}).get(role) or 1
+    parallelism = None if overrides.tp else pod_parallelism(pod, model, pod_gpus, size)
+    tp = overrides.tp or (parallelism.gpus if parallelism is not None else pod_gpus * size)
     host, http_port, side_port = pod_address(pod)
     container = _engine_container(pod)
     choice = LatencyChoice(
-        model=overrides.model or defaults.model,
+        model=model,
         gpu=gpu,
         tp=tp,
         dtype=overrides.dtype or defaults.dtype,
+        parallelism=parallelism,
     )
     return PodSpec(
         name=str(meta["name"]),
@@ -444,7 +528,7 @@ class PodFollower:
 
     async def _apply(self, defaults: Defaults) -> None:
         wanted: dict[str, PodSpec] = {}
-        for obj in list(self.pods.values()):
+        for obj in serving_pods(dict(self.pods), defaults):
             try:
                 spec = pod_spec_for(obj, defaults, self.overrides)
             except ValueError as err:

@@ -5,16 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disagg.perf.latency import LatencyModel, load_latency_model
+from disagg.perf.moe import Parallelism
 
 
 @dataclass(frozen=True)
 class LatencyChoice:
-    """Which calibrated model a simulated pod runs: model name, GPU type, tensor-parallel size, dtype."""
+    """Which calibrated model a simulated pod runs: model name, GPU type, tensor-parallel size (a replica's
+    GPUs), dtype, and for a MoE model's replica beyond plain tensor parallelism (data-parallel attention,
+    expert parallelism, several nodes) its :class:`Parallelism`."""
 
     model: str
     gpu: str
     tp: int
     dtype: str = "bf16"
+    parallelism: Parallelism | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -27,4 +31,6 @@ class LatencyChoice:
 
 def load_step_latency(choice: LatencyChoice) -> LatencyModel:
     """The twin core's calibrated latency model for ``choice`` (its ValueError names unknown models)."""
-    return load_latency_model(choice.model, choice.gpu, choice.tp, choice.dtype)
+    return load_latency_model(
+        choice.model, choice.gpu, choice.tp, choice.dtype, parallelism=choice.parallelism
+    )
