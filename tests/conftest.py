@@ -1,6 +1,7 @@
 """Shared pytest fixtures: the local control plane (real components) and Prometheus.
 
-Tests under tests/integration are marked ``integration`` and those under tests/e2e ``e2e``. When any such
+Tests under tests/integration are marked ``integration``, those under tests/e2e ``e2e`` and those under
+tests/chaos ``chaos`` (they start a control plane of their own: ``control_plane_programs``). When any such
 test is selected, the control-plane programs are obtained (built on first use) before the first test runs,
 so a cold build is not cut short by a test's timeout; without a Go toolchain those tests fail with a message
 saying so (they are never skipped).
@@ -49,7 +50,7 @@ _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
 _BINARY_ERROR_KEY = pytest.StashKey[str]()
 _PROMETHEUS_KEY = pytest.StashKey[list[PrometheusProcess]]()
 _LOG_TAIL_BYTES = 4000
-_AUTO_MARKS = {"integration": "integration", "e2e": "e2e"}
+_AUTO_MARKS = {"integration": "integration", "e2e": "e2e", "chaos": "chaos"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,6 +81,12 @@ def _require_binaries(config: pytest.Config) -> None:
     error = config.stash.get(_BINARY_ERROR_KEY, None)
     if error is not None:
         pytest.fail(f"the local control plane's programs are unavailable: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def control_plane_programs(request: pytest.FixtureRequest) -> None:
+    """Fails the test when the control plane's programs are unavailable (for tests that start their own)."""
+    _require_binaries(request.config)
 
 
 @pytest.fixture(scope="session")

@@ -229,6 +229,41 @@ class LocalCluster:
         with info.client() as client:
             yield client
 
+    @contextlib.contextmanager
+    def component_down(self, component: str, sig: signal.Signals = signal.SIGKILL) -> Iterator[None]:
+        """One component stopped (``sig`` to its process group) for the length of the block, then started
+        again with the command line and environment it ran with, the others left running; for chaos
+        tests. Returns once a restarted etcd or API server answers its health check."""
+        pid = self._read_pid(component)
+        if component not in COMPONENTS or pid is None or not process_running(pid):
+            raise ClusterError(f"{component}: not a running component of {self.state_dir}")
+        proc = Path(f"/proc/{pid}")
+        argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0")[:-1]]
+        env = dict(
+            e.decode().split("=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e
+        )
+        self._signal(pid, sig)
+        while process_running(pid):
+            self._reap(pid)
+            time.sleep(0.05)
+        self._reap(pid)
+        try:
+            yield
+        finally:
+            started = {component: self._spawn(component, Path(argv[0]), argv[1:], env)}
+            info = self.info()
+            if info is not None and component == "kube-apiserver":
+                with self.client(info) as client:
+                    self._wait(component, started, lambda: self._ok(client, "/readyz"))
+            elif component == "etcd":
+                port = int((self._read_state() or {})["ports"]["etcd-client"])
+                self._wait(component, started, lambda: self._etcd_healthy(port))
+
+    def restart_component(self, component: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Stop one component and start it again at once (see :meth:`component_down`)."""
+        with self.component_down(component, sig):
+            pass
+
     # -- state -----------------------------------------------------------------------------------------
     def _read_state(self) -> dict[str, Any] | None:
         try:

@@ -35,6 +35,8 @@ class PrometheusSettings:
     # kill Prometheus when the thread that started it exits (for test sessions, like the cluster's)
     tie_to_parent: bool = False
     build: BuildSettings = field(default_factory=BuildSettings)
+    # listen on this port (None: a free one), e.g. to restart Prometheus where its clients know it
+    port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,15 +140,15 @@ def start_prometheus(
     settings: PrometheusSettings | None = None,
     web: WebConfig | None = None,
 ) -> PrometheusProcess:
-    """Start Prometheus with ``config`` on a free 127.0.0.1 port and wait until it is ready; with ``web``,
-    serving TLS and/or basic auth as its web configuration says."""
+    """Start Prometheus with ``config`` on a free 127.0.0.1 port (``settings.port`` if set) and wait until
+    it is ready; with ``web``, serving TLS and/or basic auth as its web configuration says."""
     settings = settings or PrometheusSettings()
     binary = ensure_binary("prometheus", settings.build)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "prometheus.yml"
     _write_config(config_path, config)
-    (port,) = free_ports(1)
+    (port,) = free_ports(1) if settings.port is None else (settings.port,)
     url = f"{web.scheme if web is not None else 'http'}://127.0.0.1:{port}"
     log_path = workdir / "prometheus.log"
     args = [

@@ -1,0 +1,13 @@
+"""Chaos cases on the local control plane: the operator SIGKILLed mid-rollout, the API server down, Prometheus
+down, an idle operator's writes. Each case does something to the running system and measures what was
+lost; tests/chaos asserts the correctness of each and bench/chaos_report.py prints them as a table.
+
+* :mod:`~disagg.chaos.harness` - the cases' own local control plane, the operator as a process, and the
+  accounting of deployments and their children (converged, duplicates, missing, orphans);
+* :mod:`~disagg.chaos.cases` - the cases, each returning a :class:`~disagg.chaos.harness.CaseResult`.
+"""
+
+from disagg.chaos.cases import CASES
+from disagg.chaos.harness import CaseResult, ChaosCluster
+
+__all__ = ["CASES", "CaseResult", "ChaosCluster"]

@@ -1,0 +1,623 @@
+"""The chaos cases: something is done to the running system, then what was lost is measured.
+
+Each case takes a :class:`~disagg.chaos.harness.ChaosCluster` and its settings and returns a
+:class:`~disagg.chaos.harness.CaseResult`: the figures (printed by the tests and by bench/chaos_report.py)
+and the correctness problems found (asserted by the tests). Speeds are figures with a target, never
+asserted on. Every case works in a namespace of its own and stops its operators when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+
+from disagg.chaos.harness import (
+    FIELD_MANAGER,
+    CaseResult,
+    ChaosCluster,
+    OperatorRun,
+    Survey,
+    apply_deployment,
+    survey,
+    tracebacks,
+)
+from disagg.cluster.prometheus import PrometheusProcess, PrometheusSettings, start_prometheus
+from disagg.cluster.wait import WaitTimeout, wait_for
+from disagg.demo.scenario import DemoSettings, deployment_manifest, ratio_policy_manifest
+from disagg.k8s.client import (
+    DEPLOYMENT,
+    DISAGG_DEPLOYMENT,
+    EVENT,
+    MERGE_PATCH,
+    RATIO_POLICY,
+    JsonDict,
+    KubeApi,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "vllm-nixl.yaml"
+
+
+def example_deployment(namespace: str, name: str, example: Path = EXAMPLE) -> JsonDict:
+    """The example's DisaggregatedDeployment under another name, with a model cache claim of that name and
+    without its autoscaling (its RatioPolicy is not installed: the case is about the children)."""
+    doc = next(
+        d for d in yaml.safe_load_all(example.read_text()) if d and d["kind"] == "DisaggregatedDeployment"
+    )
+    doc = copy.deepcopy(doc)
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"].pop("autoscaling", None)
+    cache = doc["spec"]["model"].get("cache")
+    if cache:  # a claim of its own: deployments sharing a created claim would fight over its ownership
+        cache["claimName"] = f"{name}-weights"
+    return dict(doc)
+
+
+def small_deployment(namespace: str, name: str, gpu_type: str = "l40s") -> JsonDict:
+    """A vLLM + NIXL deployment of one-GPU replicas (1 prefill, 1 decode) that kwok runs at once."""
+    selector = {"disagg.dev/gpu-type": gpu_type}
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
+            "engine": {"type": "vllm"},
+            "kvTransfer": {"connector": "nixl"},
+            "prefill": {"replicas": 1, "nodeSelector": selector},
+            "decode": {"replicas": 1, "nodeSelector": selector},
+        },
+    }
+
+
+def patch_spec(kube: KubeApi, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
+    kube.request(
+        "PATCH",
+        DISAGG_DEPLOYMENT.path(namespace, name),
+        query=[("fieldManager", "kubectl-edit")],
+        body={"spec": dict(spec)},
+        content_type=MERGE_PATCH,
+    )
+
+
+def _patched(kube: KubeApi, namespace: str, name: str, spec: Mapping[str, Any]) -> bool:
+    try:
+        patch_spec(kube, namespace, name, spec)
+    except OSError:  # the API server unreachable (disagg.k8s.client.ApiUnreachable)
+        return False
+    return True
+
+
+def child_replicas(kube: KubeApi, namespace: str, name: str) -> int | None:
+    obj = kube.get(DEPLOYMENT, namespace, name)
+    return None if obj is None else int((obj.get("spec") or {}).get("replicas", 0))
+
+
+def _settled(kube: KubeApi, namespace: str) -> Callable[[], Survey | None]:
+    def check() -> Survey | None:
+        found = survey(kube, namespace)
+        return found if found.settled else None
+
+    return check
+
+
+def wait_settled(kube: KubeApi, namespace: str, timeout_s: float) -> Survey:
+    """Until every deployment of ``namespace`` has converged (see :class:`Survey`); the survey then."""
+    found = wait_for(
+        _settled(kube, namespace),
+        timeout_s=timeout_s,
+        interval_s=1.0,
+        what=f"deployments converged in {namespace}",
+    )
+    if found is None:  # wait_for returns only what is truthy
+        raise WaitTimeout(f"deployments converged in {namespace}")
+    return found
+
+
+def _object(kube: KubeApi, namespace: str, name: str) -> JsonDict:
+    return kube.get(DISAGG_DEPLOYMENT, namespace, name) or {}
+
+
+# -- 1. the operator SIGKILLed during a rollout ---------------------------------------------------------
+@dataclass(frozen=True)
+class OperatorKillSettings:
+    deployments: int = 30
+    kills: int = 3
+    seed: int = 13
+    kill_after_s: tuple[float, float] = (1.0, 4.0)  # a kill comes this long after its chunk was applied
+    converge_timeout_s: float = 240.0
+
+
+def operator_killed(cc: ChaosCluster, settings: OperatorKillSettings = OperatorKillSettings()) -> CaseResult:
+    """N deployments (the vllm-nixl example under N names) applied in chunks while the operator is
+    SIGKILLed after each but the last chunk (at a seeded random moment) and restarted; while it is down one
+    deployment applied earlier is deleted (the restarted operator must release it). Then every deployment
+    must converge: exactly its rendered children, each owned once, status for the current generation, no
+    child left whose owner is gone."""
+    kube, rng = cc.kube, random.Random(settings.seed)
+    ns = cc.namespace("chaos-operator-killed")
+    names = [f"llama-{i:02d}" for i in range(settings.deployments)]
+    size = -(-len(names) // (settings.kills + 1))
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    operator = cc.operator(ns, "operator-killed-0.log")
+    applied: list[str] = []
+    deleted: list[str] = []
+    partial_at_kill: list[int] = []
+    last_restart = time.monotonic()
+    try:
+        for index, chunk in enumerate(chunks):
+            for name in chunk:
+                apply_deployment(kube, example_deployment(ns, name))
+                applied.append(name)
+            if index == len(chunks) - 1:
+                break
+            time.sleep(rng.uniform(*settings.kill_after_s))  # the operator is mid-rollout: the chaos
+            operator.kill()
+            at_kill = survey(kube, ns)
+            partial_at_kill.append(at_kill.deployments - at_kill.converged)
+            victim = rng.choice(sorted(set(applied) - set(deleted)))
+            kube.delete(DISAGG_DEPLOYMENT, ns, victim)
+            deleted.append(victim)
+            operator = cc.operator(ns, f"operator-killed-{index + 1}.log")
+            last_restart = time.monotonic()
+        problems: list[str] = []
+        try:
+            final = wait_settled(kube, ns, settings.converge_timeout_s)
+        except WaitTimeout as timeout:
+            final = survey(kube, ns)
+            problems.append(f"{timeout}: {final}")
+        converge_s = time.monotonic() - last_restart
+        left = {d["metadata"]["name"] for d in kube.list(DISAGG_DEPLOYMENT, ns)}
+        if final.duplicates:
+            problems.append(f"{final.duplicates} duplicate children")
+        if final.orphans:
+            problems.append(f"{final.orphans} orphaned children")
+        if left & set(deleted):
+            problems.append(
+                f"deleted while the operator was down, still there: {sorted(left & set(deleted))}"
+            )
+        if not operator.alive():
+            problems.append("the last operator exited")
+        return CaseResult(
+            case="operator-killed",
+            done=(
+                f"SIGKILLed the operator {len(deleted)}x during a rollout of {len(applied)} deployments "
+                f"(seed {settings.seed}), deleting one deployment while it was down each time"
+            ),
+            figures={
+                "kills": len(deleted),
+                "dds": len(applied),
+                "deleted": len(deleted),
+                "unconverged_at_kills": "/".join(str(n) for n in partial_at_kill),
+                "converged": final.converged,
+                "converge_s": converge_s,
+                "duplicates": final.duplicates,
+                "missing": final.missing,
+                "orphans": final.orphans,
+            },
+            target="every DD converged, 0 duplicates, 0 orphans",
+            problems=tuple(problems),
+        )
+    finally:
+        operator.stop()
+        cc.drop_namespace(ns)
+
+
+# -- 2. the API server down while the operator reconciles -----------------------------------------------
+@dataclass(frozen=True)
+class ApiOutageSettings:
+    deployments: int = 3
+    outage_s: float = 20.0
+    recover_target_s: float = 30.0
+    recover_timeout_s: float = 120.0
+
+
+def apiserver_outage(cc: ChaosCluster, settings: ApiOutageSettings = ApiOutageSettings()) -> CaseResult:
+    """The API server SIGKILLed for ``outage_s`` while the operator runs, a spec change made just before
+    and one just after; both must be applied once it is back. The operator's log during the outage and
+    the recovery is searched for Python tracebacks (losing the API server used to raise urllib3's
+    MaxRetryError through kopf's handlers)."""
+    kube = cc.kube
+    ns = cc.namespace("chaos-apiserver")
+    names = [f"small-{i}" for i in range(settings.deployments)]
+    operator = cc.operator(ns, "operator-apiserver.log")
+    try:
+        for name in names:
+            apply_deployment(kube, small_deployment(ns, name))
+        wait_settled(kube, ns, 120.0)
+        before, after = names[0], names[-1]
+        patch_spec(kube, ns, before, {"decode": {"replicas": 2}})  # just before it goes
+        offset = operator.log_size()
+        with cc.local.component_down("kube-apiserver"):
+            time.sleep(settings.outage_s)  # the outage itself
+            alive_during = operator.alive()
+        back = time.monotonic()
+        # right after it is back (this client's pooled connections died with the server: retried)
+        wait_for(
+            lambda: _patched(kube, ns, after, {"decode": {"replicas": 2}}), 30.0, what=f"patching {after}"
+        )
+        problems: list[str] = []
+
+        def applied() -> bool:
+            return all(child_replicas(kube, ns, f"{n}-decode") == 2 for n in (before, after)) and bool(
+                _settled(kube, ns)()
+            )
+
+        try:
+            wait_for(applied, timeout_s=settings.recover_timeout_s, interval_s=0.5, what="both spec changes")
+        except WaitTimeout as timeout:
+            problems.append(str(timeout))
+        recover_s = time.monotonic() - back
+        log = operator.log_since(offset)
+        found = tracebacks(log)
+        errors = sum(1 for line in log.splitlines() if " ERROR " in line)
+        if not alive_during or not operator.alive():
+            problems.append("the operator exited")
+        kinds = sorted({t.split(":")[0] for t in found})
+        return CaseResult(
+            case="apiserver-outage",
+            done=f"SIGKILLed kube-apiserver for {settings.outage_s:.0f} s under a running operator, then "
+            "restarted it; a spec change just before and one just after",
+            figures={
+                "outage_s": settings.outage_s,
+                "recover_s": recover_s,
+                "tracebacks": len(found),
+                "exceptions": ",".join(kinds) or "-",
+                "error_lines": errors,
+            },
+            target=f"changes applied within {settings.recover_target_s:.0f} s, 0 tracebacks",
+            problems=tuple(problems),
+            target_met=not problems and recover_s <= settings.recover_target_s and not found,
+        )
+    finally:
+        operator.stop()
+        cc.drop_namespace(ns)
+
+
+# -- 3. Prometheus down under an autoscaled deployment -------------------------------------------------
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class FakeEngine:
+    """vLLM's metrics of one engine pod in a private registry, served on loopback, fed steady traffic at
+    the SLO (TTFT and ITL near their targets, so the policy has no reason to move)."""
+
+    def __init__(self, role: str, ttft_s: float, itl_s: float) -> None:
+        r = self.registry = CollectorRegistry()
+        self.role = role
+        # names: vllm-project/vllm docs/design/metrics.md (as disagg.metrics.queries reads them)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "ITL", buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "q", buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill = Histogram(
+            "vllm:request_prefill_time_seconds", "prefill", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.prompt = Histogram("vllm:request_prompt_tokens", "prompt", buckets=TOKEN_BUCKETS, registry=r)
+        self.output = Histogram("vllm:request_generation_tokens", "output", buckets=TOKEN_BUCKETS, registry=r)
+        Gauge("vllm:num_requests_waiting", "waiting", registry=r).set(0)
+        Gauge("vllm:num_requests_running", "running", registry=r).set(1)
+        self.ttft_s, self.itl_s = ttft_s, itl_s
+        server, _ = start_http_server(0, addr="127.0.0.1", registry=r)
+        self.server = server
+        self.port = int(server.server_port)
+
+    def feed(self) -> None:
+        """One request's worth of observations."""
+        self.ttft.observe(self.ttft_s)
+        self.queue.observe(0.004)
+        self.prefill.observe(0.15)
+        self.prompt.observe(1000)
+        self.output.observe(100)
+        for _ in range(10):
+            self.itl.observe(self.itl_s)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def fake_engines(rate_hz: float = 10.0) -> Iterator[dict[str, FakeEngine]]:
+    # histogram_quantile interpolates inside a bucket: all observations in (0.5, 1.0] give p90 0.95 s,
+    # plus the decode side's (0, 0.005] ~0.005 s: TTFT 0.955 s against 1 s; ITL in (0.03, 0.05]: 0.048 s
+    engines = {"prefill": FakeEngine("prefill", 0.9, 0.04), "decode": FakeEngine("decode", 0.004, 0.04)}
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(1.0 / rate_hz):
+            for engine in engines.values():
+                engine.feed()
+
+    thread = threading.Thread(target=run, name="fake-engines", daemon=True)
+    thread.start()
+    try:
+        yield engines
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for engine in engines.values():
+            engine.close()
+
+
+def engines_scrape_config(
+    engines: Mapping[str, FakeEngine], namespace: str, deployment: str
+) -> dict[str, Any]:
+    """Static targets with the labels the pod relabelling would attach to the engine pods."""
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": f"engines-{role}",
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{engine.port}"],
+                        "labels": {
+                            "namespace": namespace,
+                            "pod": f"{deployment}-{role}-0",
+                            "disagg_deployment": deployment,
+                            "disagg_role": role,
+                        },
+                    }
+                ],
+            }
+            for role, engine in engines.items()
+        ],
+    }
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> str | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def _port(url: str) -> int:
+    match = re.search(r":(\d+)$", url)
+    if match is None:
+        raise ValueError(f"no port in {url}")
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class PrometheusOutageSettings:
+    outage_s: float = 20.0  # Prometheus stays down this long after the operator noticed
+    detect_timeout_s: float = 60.0
+    recover_timeout_s: float = 60.0
+    available_timeout_s: float = 120.0
+    gpu_type: str = "h200"
+
+
+def prometheus_outage(
+    cc: ChaosCluster, settings: PrometheusOutageSettings = PrometheusOutageSettings()
+) -> CaseResult:
+    """An autoscaled deployment (2:2, at its SLOs) with a RatioPolicy reading a real Prometheus, which is
+    stopped: MetricsAvailable must turn False and no replica may go away while it is (fail-static); then
+    Prometheus comes back on the same port and MetricsAvailable must turn True again."""
+    kube = cc.kube
+    ns = cc.namespace("chaos-prometheus")
+    demo = DemoSettings(
+        namespace=ns,
+        deployment="chat",
+        policy="chat-slo",
+        gpu_type=settings.gpu_type,
+        model_cache_claim=None,
+        ready_when_served=False,
+        prefill_replicas=2,
+        decode_replicas=2,
+        scale_down_window_s=5,  # a fail-open policy would shrink within the outage
+    )
+    workdir = cc.workdir / "prometheus-outage"
+    prom_settings = PrometheusSettings(tie_to_parent=True)
+    with fake_engines() as engines:
+        config = engines_scrape_config(engines, ns, demo.deployment)
+        prom: PrometheusProcess = start_prometheus(config, workdir, prom_settings)
+        operator: OperatorRun | None = None
+        try:
+            operator = cc.operator(
+                ns,
+                "operator-prometheus.log",
+                ["--prometheus-url", prom.url],
+                env={"DISAGG_AUTOSCALING_TICK_S": "1"},
+            )
+            kube.apply(ratio_policy_manifest(demo), FIELD_MANAGER, kind=RATIO_POLICY)
+            apply_deployment(kube, deployment_manifest(demo))
+
+            def metrics(state: str) -> Callable[[], JsonDict]:
+                def check() -> JsonDict:
+                    obj = _object(kube, ns, demo.deployment)
+                    return obj if _condition(obj, "MetricsAvailable") == state else {}
+
+                return check
+
+            problems: list[str] = []
+            wait_for(metrics("True"), settings.available_timeout_s, 0.5, "MetricsAvailable True at first")
+            prom.stop()
+            stopped = time.monotonic()
+            detect_s = recover_s = float("nan")
+            shrinks: list[str] = []
+            try:
+                at_detection = wait_for(
+                    metrics("False"), settings.detect_timeout_s, 0.25, "MetricsAvailable False"
+                )
+                detect_s = time.monotonic() - stopped
+                held = _desired(at_detection)
+                end = time.monotonic() + settings.outage_s
+                while time.monotonic() < end:  # a window of observation, not a wait for a condition
+                    now = _desired(_object(kube, ns, demo.deployment))
+                    for role, count in held.items():
+                        live = child_replicas(kube, ns, f"{demo.deployment}-{role}")
+                        if (now.get(role) or count) < count or (live is not None and live < count):
+                            shrinks.append(f"{role} {count} -> {now.get(role)} (child {live})")
+                    time.sleep(0.5)
+            except WaitTimeout as timeout:
+                problems.append(str(timeout))
+            if shrinks:
+                problems.append(f"scaled down while metrics were missing: {shrinks[:3]}")
+            prom = start_prometheus(config, workdir, replace(prom_settings, port=_port(prom.url)))
+            restarted = time.monotonic()
+            try:
+                wait_for(metrics("True"), settings.recover_timeout_s, 0.25, "MetricsAvailable True again")
+                recover_s = time.monotonic() - restarted
+            except WaitTimeout as timeout:
+                problems.append(str(timeout))
+            if not operator.alive():
+                problems.append("the operator exited")
+            return CaseResult(
+                case="prometheus-outage",
+                done=f"stopped Prometheus under an autoscaled 2:2 deployment for {settings.outage_s:.0f} s "
+                "after the operator noticed, then restarted it on the same port",
+                figures={
+                    "detect_s": detect_s,
+                    "recover_s": recover_s,
+                    "scale_downs_while_missing": len(shrinks),
+                },
+                target="MetricsAvailable False then True, 0 scale-downs while missing",
+                problems=tuple(problems),
+            )
+        finally:
+            if operator is not None:
+                operator.stop()
+            prom.stop()
+            cc.drop_namespace(ns)
+
+
+def _desired(obj: Mapping[str, Any]) -> dict[str, int]:
+    auto = (obj.get("status") or {}).get("autoscaling") or {}
+    desired = auto.get("desiredReplicas") or {}
+    spec = obj.get("spec") or {}
+    return {
+        role: int(desired.get(role) or (spec.get(role) or {}).get("replicas") or 0)
+        for role in ("prefill", "decode")
+    }
+
+
+# -- 4. writes of an idle operator ----------------------------------------------------------------------
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
+# what the operator writes: its own objects (any subresource), its children (their spec: the controllers
+# write the children's status), Events
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def operator_writes(metrics_text: str) -> dict[str, float]:
+    """Write requests the API server counted on what the operator writes, by resource."""
+    from disagg.k8s.client import CHILD_KINDS
+
+    children = {k.plural for k in CHILD_KINDS}
+    counts: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match.group("labels")))
+        resource, sub = labels.get("resource", ""), labels.get("subresource", "")
+        if labels.get("verb") not in WRITE_VERBS:
+            continue
+        if resource in {DISAGG_DEPLOYMENT.plural, "events"} or (resource in children and not sub):
+            key = f"{resource}/{sub}" if sub else resource
+            counts[key] = counts.get(key, 0.0) + float(match.group("value"))
+    return counts
+
+
+# the reporting component of the operator's Events: kopf's own (handler outcomes) and disagg.k8s.events'
+OPERATOR_EVENT_SOURCES = frozenset({"kopf", "disagg", "disagg-operator"})
+
+
+def _event_counts(kube: KubeApi, namespace: str) -> dict[str, int]:
+    """Occurrences of the namespace's Events by reporter/reason (``count`` or ``series.count``)."""
+    counts: dict[str, int] = {}
+    for event in kube.list(EVENT, namespace):
+        source = event.get("reportingComponent") or (event.get("source") or {}).get("component") or "?"
+        key = f"{source}/{event.get('reason')}"
+        n = int(event.get("count") or (event.get("series") or {}).get("count") or 1)
+        counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+@dataclass(frozen=True)
+class IdleWritesSettings:
+    deployments: int = 20
+    window_s: float = 60.0
+
+
+def idle_writes(cc: ChaosCluster, settings: IdleWritesSettings = IdleWritesSettings()) -> CaseResult:
+    """N Ready deployments without autoscaling, nothing changing: the API server's own count of writes to
+    the operator's objects and its children's specs over ``window_s`` (no other writer of those runs, so
+    what it counts is the operator's), plus the Events the operator reported in their namespace."""
+    kube = cc.kube
+    cc.wait_namespaces_gone()  # their deletion writes too
+    ns = cc.namespace("chaos-idle")
+    operator = cc.operator(ns, "operator-idle.log")
+    try:
+        for i in range(settings.deployments):
+            apply_deployment(kube, small_deployment(ns, f"idle-{i:02d}", gpu_type="h200"))
+        final = wait_settled(kube, ns, 180.0)
+        problems: list[str] = []
+
+        def scrape() -> dict[str, float]:
+            with cc.info.client() as client:
+                response = client.get("/metrics")
+                response.raise_for_status()
+                return operator_writes(response.text)
+
+        def all_ready() -> bool:  # every pod Ready and said so in status: nothing left to report
+            dds = kube.list(DISAGG_DEPLOYMENT, ns)
+            return len(dds) == settings.deployments and all(_condition(d, "Ready") == "True" for d in dds)
+
+        wait_for(all_ready, timeout_s=180.0, interval_s=1.0, what=f"deployments Ready in {ns}")
+        time.sleep(5.0)  # the controllers' last writes of the rollout
+        start, events_before = scrape(), _event_counts(kube, ns)
+        time.sleep(settings.window_s)  # the window the writes are counted over
+        end, events_after = scrape(), _event_counts(kube, ns)
+        emitted = {
+            k: n - events_before.get(k, 0) for k, n in events_after.items() if n > events_before.get(k, 0)
+        }
+        delta = {
+            k: end[k] - start.get(k, 0.0) for k in end if k != "events" and end[k] - start.get(k, 0.0) > 0
+        }
+        # Events have many writers (the endpoint controllers keep failing on kwok's loopback pod IPs): the
+        # operator's are those of its namespace that it reported
+        ours = {k: n for k, n in emitted.items() if k.split("/")[0] in OPERATOR_EVENT_SOURCES}
+        writes = int(sum(delta.values())) + sum(ours.values())
+        if not operator.alive():
+            problems.append("the operator exited")
+        return CaseResult(
+            case="idle-writes",
+            done=f"{final.deployments} converged deployments left alone for {settings.window_s:.0f} s",
+            figures={
+                "dds": final.deployments,
+                "window_s": settings.window_s,
+                "writes": writes,
+                "by_resource": ",".join(f"{k}:{int(v)}" for k, v in sorted(delta.items())) or "-",
+                "operator_events": ",".join(f"{k}:{n}" for k, n in sorted(ours.items())) or "-",
+                "other_events": sum(emitted.values()) - sum(ours.values()),
+                "all_event_writes": int(end.get("events", 0.0) - start.get("events", 0.0)),
+            },
+            target="0 writes",
+            problems=tuple(problems),
+            target_met=writes == 0,
+        )
+    finally:
+        operator.stop()
+        cc.drop_namespace(ns)
+
+
+CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
+    "operator-killed": operator_killed,
+    "apiserver-outage": apiserver_outage,
+    "prometheus-outage": prometheus_outage,
+    "idle-writes": idle_writes,
+}

@@ -1,0 +1,67 @@
+"""Chaos on the local control plane, the operator as its own process (disagg.chaos.cases): the operator
+SIGKILLed mid-rollout, the API server down, Prometheus down, an idle operator's writes.
+
+Each case prints its figures (``chaos <case>: ...``, shown with ``pytest -s`` and in a failing test's
+report) and a JSON line; bench/chaos_report.py runs the same cases and prints them as a table. What is
+asserted is correctness (convergence, no duplicates or orphans, changes applied after an outage,
+fail-static); speeds are printed against their targets, never asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.chaos import CaseResult, ChaosCluster
+from disagg.chaos.cases import (
+    IdleWritesSettings,
+    apiserver_outage,
+    idle_writes,
+    operator_killed,
+    prometheus_outage,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def report(result: CaseResult, record_property: pytest.RecordProperty) -> None:
+    print(result.line())
+    print(result.json_line())
+    for name, value in result.figures.items():
+        record_property(f"{result.case}.{name}", value)
+
+
+def test_a_killed_operator_converges_every_deployment_without_duplicates_or_orphans(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = operator_killed(chaos_cluster)
+    report(result, record_property)
+    assert result.figures["kills"] == 3
+    assert result.figures["converged"] == result.figures["dds"] - result.figures["deleted"]
+    assert result.passed, result.line()
+
+
+def test_the_operator_applies_changes_after_the_api_server_comes_back(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = apiserver_outage(chaos_cluster)
+    report(result, record_property)
+    assert result.passed, result.line()
+
+
+def test_without_prometheus_metrics_are_unavailable_and_nothing_scales_down(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = prometheus_outage(chaos_cluster)
+    report(result, record_property)
+    assert result.figures["scale_downs_while_missing"] == 0
+    assert result.passed, result.line()
+
+
+def test_an_idle_operator_writes_are_counted(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    # at least one resync of every deployment (the operators here resync every 20 s); the bench: 60 s
+    result = idle_writes(chaos_cluster, IdleWritesSettings(window_s=30.0))
+    report(result, record_property)
+    assert result.figures["dds"] == IdleWritesSettings().deployments
+    assert result.passed, result.line()

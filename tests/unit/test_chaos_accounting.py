@@ -1,0 +1,80 @@
+"""The chaos suite's pure parts (disagg.chaos): the traceback count of an operator log, the API server's
+write counter read from its /metrics, a case's printed line, and the table bench/chaos_report.py prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from disagg.chaos import CaseResult
+from disagg.chaos.cases import operator_writes
+from disagg.chaos.harness import tracebacks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LOG = """\
+[2026-12-02 14:00:00,000] kopf.objects [INFO    ] reconciled
+[2026-12-02 14:00:01,000] kopf.objects [ERROR   ] Timer 'resync' failed with an exception. Will retry.
+Traceback (most recent call last):
+  File "/x/kopf/_core/actions/execution.py", line 276, in execute_handler_once
+    result = await invoke_handler(
+urllib3.exceptions.MaxRetryError: HTTPSConnectionPool(host='127.0.0.1', port=6443): Max retries exceeded
+[2026-12-02 14:00:02,000] disagg [WARNING ] API server unreachable: ConnectionRefusedError, retried
+Traceback (most recent call last):
+  File "a.py", line 1, in f
+ConnectionRefusedError: [Errno 111] Connection refused
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "b.py", line 2, in g
+kubernetes.client.exceptions.ApiException: (503)
+"""
+
+
+def test_every_traceback_is_counted_by_its_exception() -> None:
+    assert tracebacks(LOG) == [
+        "urllib3.exceptions.MaxRetryError: HTTPSConnectionPool(host='127.0.0.1', port=6443): Max retries "
+        "exceeded",
+        "ConnectionRefusedError: [Errno 111] Connection refused",
+        "kubernetes.client.exceptions.ApiException: (503)",
+    ]
+    assert tracebacks("[INFO] all well\n") == []
+
+
+METRICS = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="disagg.dev",resource="disaggregateddeployments",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 7
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="apps",resource="deployments",scope="resource",subresource="",verb="APPLY",version="v1"} 5
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="apps",resource="deployments",scope="resource",subresource="status",verb="PUT",version="v1"} 40
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="apps",resource="deployments",scope="resource",subresource="",verb="GET",version="v1"} 900
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="events",scope="resource",subresource="",verb="POST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 100
+"""  # noqa: E501
+
+
+def test_writes_count_the_operators_objects_its_childrens_specs_and_events_only() -> None:
+    # a controller's status writes of the children, reads and the nodes' leases are not the operator's
+    assert operator_writes(METRICS) == {
+        "disaggregateddeployments/status": 7.0,
+        "deployments": 5.0,
+        "events": 3.0,
+    }
+
+
+def test_a_case_prints_its_figures_and_the_table_has_its_row() -> None:
+    ok = CaseResult("apiserver-outage", "killed it", {"recover_s": 4.25, "tracebacks": 0}, "0 tracebacks")
+    bad = CaseResult("operator-killed", "killed it 3x", {"duplicates": 2}, "0 duplicates", ("2 duplicates",))
+    assert ok.line() == "chaos apiserver-outage: recover_s=4.2 tracebacks=0 (target 0 tracebacks) pass"
+    assert bad.line().endswith("FAIL: 2 duplicates") and not bad.passed
+    assert json.loads(ok.json_line())["figures"] == {"recover_s": 4.25, "tracebacks": 0}
+    spec = importlib.util.spec_from_file_location("chaos_report", ROOT / "bench" / "chaos_report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    lines = report.table([ok, bad]).splitlines()
+    assert lines[0].split(" | ")[0].strip() == "case"
+    assert any(line.startswith("apiserver-outage") and "pass" in line for line in lines)
+    assert any(line.startswith("operator-killed") and "FAIL" in line for line in lines)
