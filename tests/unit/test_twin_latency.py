@@ -16,11 +16,13 @@ def test_kv_bytes_per_token_from_config() -> None:
     assert load_latency_model("llama-3.1-8b", "h100", 1).kv_bytes_per_token == 131072
 
 
-def test_kv_capacity_is_memory_minus_weights_and_reserve() -> None:
+def test_kv_capacity_is_vllms_budget_in_whole_blocks() -> None:
     m = load_latency_model("llama-3.1-70b", "h100", 4)
-    gib = 2**30
-    free = 80 * gib * 0.9 - 70.6e9 * 2 / 4 - 4 * gib
-    assert m.kv_capacity_tokens == int(free * 4 // 327680)
+    b = m.kv_budget
+    # vLLM: requested - weights - activation peak - CUDA graphs, in whole 16-token blocks of 1/4 of the heads
+    assert b.available == b.requested - b.weights - b.activation - b.cudagraph and b.other == 0
+    assert b.weights == 70.6e9 * 2 / 4
+    assert m.kv_capacity_tokens == int(b.available // (16 * 327680 / 4)) * 16
     # More GPUs in the TP group leave more room for KV per replica.
     assert load_latency_model("llama-3.1-70b", "h100", 8).kv_capacity_tokens > m.kv_capacity_tokens
 
@@ -141,7 +143,8 @@ def test_fp8_kv_cache_halves_kv_bytes_and_uses_the_fp8_attention_tables() -> Non
     bf16 = load_latency_model("llama-3.1-70b", "h100", 2, "fp8")
     fp8 = load_latency_model("llama-3.1-70b", "h100", 2, "fp8", kv_dtype="fp8")
     assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
-    assert fp8.kv_capacity_tokens == pytest.approx(2 * bf16.kv_capacity_tokens, abs=1)
+    # whole 16-token blocks: twice the blocks of half the bytes, or one block more
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * bf16.kv_capacity_tokens, abs=16)
     assert fp8.kv_transfer_time_s(8192) < bf16.kv_transfer_time_s(8192)
     # decode attention over 64 x 8k tokens reads half the bytes: the measured fp8-KV kernel is faster
     assert fp8.decode_step_time_s(64, 64 * 8192) < bf16.decode_step_time_s(64, 64 * 8192)

@@ -12,6 +12,9 @@ A step runs ``num_tokens`` tokens through the model (prefill chunks plus one tok
 * ``overhead_factor`` and ``step_overhead`` cover what the kernel tables leave out (norms, rope, sampling,
   scheduler and launch overhead); see the runtime section of coefficients.yaml.
 
+KV capacity (``kv_capacity_tokens``, ``kv_budget_for``) is vLLM's own accounting of the GPU's memory under the
+engine's flags: :mod:`disagg.perf.memory`.
+
 Model architectures (profiles/models.yaml) and GPU specs (profiles/gpus.yaml) are data: a user adds a model
 or GPU there, runs the calibration, and needs no code change. Pure: no I/O beyond reading those files.
 """
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from disagg.perf.memory import EngineMemory, KvBudget, Shapes, default_engine_memory, dense_mlp, kv_budget
 
 if TYPE_CHECKING:
     from disagg.perf.moe import Parallelism
@@ -65,6 +71,13 @@ class GpuSpec:
     hbm_tbps: float
     nvlink_gbps: float
     nic_gbit: float
+    # what cudaMemGetInfo reports as the device's total (vLLM's total_memory), where a log gives it; 0: the
+    # datasheet memory_gib
+    total_memory_gib: float = 0.0
+
+    @property
+    def total_memory_bytes(self) -> float:
+        return (self.total_memory_gib or self.memory_gib) * GIB
 
 
 @dataclass(frozen=True)
@@ -90,8 +103,6 @@ class Runtime:
     overhead_factor: float
     step_overhead_s: float
     request_overhead_s: float
-    activation_reserve_gib: float
-    gpu_memory_utilization: float
 
 
 class LatencyModel:
@@ -107,6 +118,7 @@ class LatencyModel:
         m_grid: Sequence[int],
         runtime: Runtime,
         kv_dtype: str = "bf16",
+        memory: EngineMemory | None = None,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -138,7 +150,11 @@ class LatencyModel:
         self._gen_g = float(f * attn["gen_attn_ms"][1] / 1000)
         self._fixed = runtime.step_overhead_s
         self.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype)
-        self.kv_capacity_tokens = self._kv_capacity_tokens()
+        # what vllm serve runs with on this GPU without memory flags; ``memory``: the engine's own flags
+        self.default_memory = default_engine_memory(gpu.total_memory_bytes / GIB, gpu.name)
+        self.memory = memory or self.default_memory
+        self.kv_budget = self.kv_budget_for(self.memory)
+        self.kv_capacity_tokens = self.kv_budget.tokens
 
     def __repr__(self) -> str:
         return f"LatencyModel({self.model.name}, {self.gpu.name}, tp={self.tp}, {self.dtype})"
@@ -154,16 +170,25 @@ class LatencyModel:
         x0, x1 = grid[i - 1], grid[i]
         return table[i - 1] + (table[i] - table[i - 1]) * (x - x0) / (x1 - x0)
 
-    def _kv_capacity_tokens(self) -> int:
-        rt = self.runtime
-        per_gpu = (
-            self.gpu.memory_gib * GIB * rt.gpu_memory_utilization
-            - self.model.weight_bytes(self.dtype) / self.tp
-            - rt.activation_reserve_gib * GIB
+    def kv_budget_for(self, memory: EngineMemory) -> KvBudget:
+        """One GPU's KV budget under these engine flags (:mod:`disagg.perf.memory`, vLLM's accounting); its
+        ``tokens`` are the replica's KV capacity (every GPU of the TP group holds its heads of each token)."""
+        m = self.model
+        heads_per_gpu = math.ceil(m.kv_heads / self.tp)  # vLLM replicates KV heads when tp > kv_heads
+        per_gpu_token = self.kv_bytes_per_token * heads_per_gpu / m.kv_heads
+        shapes = Shapes(hidden=m.hidden, mlp=dense_mlp(m.intermediate, self.tp), vocab=m.vocab)
+        budget = kv_budget(
+            self.gpu.total_memory_bytes, m.weight_bytes(self.dtype) / self.tp, per_gpu_token, shapes, memory
         )
-        if per_gpu <= 0:
-            raise ValueError(f"{self.model.name} {self.dtype} does not fit on {self.tp} x {self.gpu.name}")
-        return int(per_gpu * self.tp // self.kv_bytes_per_token)
+        if budget.blocks <= 0:
+            raise ValueError(
+                f"{m.name} {self.dtype} does not fit on {self.tp} x {self.gpu.name}: {budget.describe()}"
+            )
+        return budget
+
+    def kv_capacity_for(self, memory: EngineMemory) -> int:
+        """The replica's KV tokens under these engine flags (e.g. a pool's --gpu-memory-utilization)."""
+        return self.kv_budget_for(memory).tokens
 
     # --- the contract --------------------------------------------------------------------------------
     def step_time_s(
@@ -322,7 +347,7 @@ def load_model_config(model: str) -> ModelConfig:
 def load_gpu_spec(gpu: str) -> GpuSpec:
     name = resolve_gpu_name(gpu)
     spec = load_profile_yaml("gpus.yaml")["gpus"][name]
-    fields = {f: spec[f] for f in GpuSpec.__dataclass_fields__ if f != "name"}
+    fields = {f: spec[f] for f in GpuSpec.__dataclass_fields__ if f != "name" and f in spec}
     return GpuSpec(name=name, **fields)
 
 
@@ -365,7 +390,5 @@ def load_latency_model(
         overhead_factor=float(rt["overhead_factor"]),
         step_overhead_s=float(entry.get("step_overhead_ms", rt["step_overhead_ms"])) / 1000,
         request_overhead_s=float(entry.get("request_overhead_ms", rt.get("request_overhead_ms", 0.0))) / 1000,
-        activation_reserve_gib=float(rt["activation_reserve_gib"]),
-        gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
     )
     return LatencyModel(mc, gs, tp, dtype, entry, coef["m_grid"], runtime, kv_dtype)

@@ -47,6 +47,15 @@ from disagg.perf.latency import (
     load_gpu_spec,
     load_profile_yaml,
 )
+from disagg.perf.memory import (
+    EngineMemory,
+    KvBudget,
+    Shapes,
+    default_engine_memory,
+    dense_mlp,
+    fused_moe_mlp,
+    kv_budget,
+)
 
 Mode = Literal["normal", "ll"]
 DTYPE_ALIASES: dict[str, str] = {
@@ -243,6 +252,7 @@ class MoeLatencyModel(LatencyModel):
         m_grid: Sequence[int],
         runtime: Runtime,
         kv_dtype: str = "bf16",
+        memory: EngineMemory | None = None,
     ) -> None:
         if kv_dtype not in entry["attn"]:
             raise ValueError(f"kv_dtype: no {kv_dtype} KV attention table for {arch.name} on {gpu.name}")
@@ -281,7 +291,11 @@ class MoeLatencyModel(LatencyModel):
                 f"parallelism: no MoE table for TP{par.gpus} experts of {arch.name} on {gpu.name}"
             )
         self.kv_bytes_per_token = arch.kv_bytes_per_token(kv_dtype)
-        self.kv_capacity_tokens = self._kv_capacity_tokens()
+        # what vllm serve runs with on this GPU without memory flags; ``memory``: the engine's own flags
+        self.default_memory = default_engine_memory(gpu.total_memory_bytes / GIB, gpu.name)
+        self.memory = memory or self.default_memory
+        self.kv_budget = self.kv_budget_for(self.memory)
+        self.kv_capacity_tokens = self.kv_capacity_for(self.memory)
 
     def __repr__(self) -> str:
         p = self.parallelism
@@ -293,21 +307,39 @@ class MoeLatencyModel(LatencyModel):
     def weight_bytes_per_gpu(self) -> float:
         return self.arch.weight_bytes_per_gpu(self.dtype, self.parallelism)
 
-    def _kv_capacity_tokens(self) -> int:
-        rt, p = self.runtime, self.parallelism
-        usable = self.gpu.memory_gib * GIB * rt.gpu_memory_utilization - rt.activation_reserve_gib * GIB
-        per_gpu = usable - self.weight_bytes_per_gpu()
-        if per_gpu <= 0:
-            raise ValueError(
-                f"{self.arch.name} {self.dtype} does not fit on {p.gpus} x {self.gpu.name}: "
-                f"{self.weight_bytes_per_gpu() / GIB:.0f} GiB of weights per GPU, "
-                f"{usable / GIB:.0f} GiB usable"
-            )
+    def _copies(self) -> int:
         # MLA's single latent is replicated on every GPU of an attention TP group; GQA's KV heads are split
         # over it until each GPU holds one head.
-        copies = p.tp if self.arch.attention == "mla" else max(1, p.tp // max(1, self.arch.kv_heads))
-        per_rank = per_gpu * p.tp / copies
-        return int(p.dp * per_rank // self.kv_bytes_per_token)
+        p = self.parallelism
+        return p.tp if self.arch.attention == "mla" else max(1, p.tp // max(1, self.arch.kv_heads))
+
+    def kv_budget_for(self, memory: EngineMemory) -> KvBudget:
+        """One GPU's KV budget under these engine flags, vLLM's accounting (:mod:`disagg.perf.memory`):
+        each DP rank is an engine that profiles its own share (``max_num_batched_tokens`` per rank)."""
+        a, p = self.arch, self.parallelism
+        # the larger MLP of one token on one GPU: a dense layer's split over tp, or the fused-MoE buffers of
+        # the experts it visits (their intermediate split over tp without EP) plus the shared experts'
+        dense = dense_mlp(a.intermediate, p.tp) if (a.dense_layers or not a.routed_experts) else 0.0
+        moe = 0.0
+        if a.routed_experts:
+            shards = 1 if p.ep > 1 else p.tp
+            moe = fused_moe_mlp(a.hidden, a.moe_intermediate, a.experts_per_token, shards)
+            moe += dense_mlp(a.shared_experts * a.moe_intermediate, p.tp)
+        shapes = Shapes(hidden=a.hidden, mlp=max(dense, moe), vocab=a.vocab)
+        per_gpu_token = self.kv_bytes_per_token * self._copies() / p.tp
+        budget = kv_budget(
+            self.gpu.total_memory_bytes, self.weight_bytes_per_gpu(), per_gpu_token, shapes, memory
+        )
+        if budget.blocks <= 0:
+            raise ValueError(
+                f"{a.name} {self.dtype} does not fit on {p.gpus} x {self.gpu.name}: "
+                f"{self.weight_bytes_per_gpu() / GIB:.0f} GiB of weights per GPU; {budget.describe()}"
+            )
+        return budget
+
+    def kv_capacity_for(self, memory: EngineMemory) -> int:
+        """The whole replica's KV tokens: each DP rank holds its own cache (vLLM's per-rank figure x dp)."""
+        return self.parallelism.dp * self.kv_budget_for(memory).tokens
 
     # --- building blocks (ms per layer on one GPU) -----------------------------------------------------
     def _grid_ms(self, table: Sequence[float], m: float) -> float:
@@ -449,8 +481,6 @@ def load_moe_latency_model(
         overhead_factor=float(rt["overhead_factor"]),
         step_overhead_s=float(rt["step_overhead_ms"]) / 1000,
         request_overhead_s=float(rt.get("request_overhead_ms", 0.0)) / 1000,
-        activation_reserve_gib=float(rt["activation_reserve_gib"]),
-        gpu_memory_utilization=float(rt["gpu_memory_utilization"]),
     )
     par = parallelism if parallelism is not None else Parallelism()
     return MoeLatencyModel(arch, gs, par, kind, entry, coef["m_grid"], runtime, kv_dtype)

@@ -15,6 +15,7 @@ import yaml
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.perf.latency import resolve_gpu_name
+from disagg.perf.memory import EngineMemory
 from disagg.perf.moe import Parallelism
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
 from disagg.policy.bounds import (
@@ -48,13 +49,38 @@ class PoolSpec:
     ep: int = 1
     gpus_per_node: int = 8
     overlap: bool = False
+    # vLLM --gpu-memory-utilization (None: vLLM's 0.9) and --enforce-eager: with max_num_batched_tokens and
+    # max_num_seqs they size the engine's KV cache (disagg.perf.memory)
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
             raise ValueError(f"replicas: must be >= 0, got {self.replicas}")
         if self.tp not in (1, 2, 4, 8):
             raise ValueError(f"tp: must be 1, 2, 4 or 8, got {self.tp}")
+        u = self.gpu_memory_utilization
+        if u is not None and not 0.0 < u <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u}")
         self.parallelism()  # dp, ep, gpus_per_node: ValueError naming the field
+
+    def engine_memory(self, vllm_defaults: EngineMemory) -> EngineMemory:
+        """The flags that size one engine's KV cache: this pool's where it sets them, else what vLLM runs
+        with by default on the GPU (``vllm_defaults``; the twin's scheduling defaults, e.g. 256 sequences,
+        are not what an engine without --max-num-seqs profiles with)."""
+        return replace(
+            vllm_defaults,
+            gpu_memory_utilization=self.gpu_memory_utilization or vllm_defaults.gpu_memory_utilization,
+            max_num_batched_tokens=(
+                self.max_num_batched_tokens
+                if self.max_num_batched_tokens != DEFAULT_MAX_BATCHED_TOKENS
+                else vllm_defaults.max_num_batched_tokens
+            ),
+            max_num_seqs=(
+                self.max_num_seqs if self.max_num_seqs != DEFAULT_MAX_NUM_SEQS else vllm_defaults.max_num_seqs
+            ),
+            enforce_eager=self.enforce_eager,
+        )
 
     @property
     def gpus_per_replica(self) -> int:
@@ -161,6 +187,8 @@ class SimDeployment:
                 max_num_batched_tokens=engine_int_arg(
                     args, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS
                 ),
+                gpu_memory_utilization=_float_arg(args, "--gpu-memory-utilization"),
+                enforce_eager=_bool_flag(args, "--enforce-eager"),
                 min_replicas=rb.min_replicas,
                 max_replicas=rb.max_replicas,
             )
@@ -234,6 +262,25 @@ class SimDeployment:
         if not isinstance(docs[0], dict):
             raise ValueError(f"deployment: {path} does not hold a mapping")
         return SimDeployment.from_dict(docs[0])
+
+
+def _float_arg(args: list[str], flag: str) -> float | None:
+    value = engine_flag(args, flag)
+    return None if value is None else float(value)
+
+
+def _bool_flag(args: list[str], flag: str) -> bool:
+    """A vLLM boolean flag: ``--flag`` or ``--flag=true`` sets it, ``--no-flag`` or ``--flag=false`` clears
+    it (the last one wins; vLLM's argparse BooleanOptionalAction)."""
+    on = False
+    for a in args:
+        if a == flag:
+            on = True
+        elif a == "--no-" + flag[2:]:
+            on = False
+        elif a.startswith(flag + "="):
+            on = a.split("=", 1)[1].strip().lower() in ("1", "true", "yes")
+    return on
 
 
 def _selected_gpus(dd: DisaggregatedDeployment) -> dict[Role, str | None]:

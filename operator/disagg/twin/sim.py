@@ -181,6 +181,8 @@ class Pool:
             role=role,
             max_num_seqs=spec.max_num_seqs * spec.dp,
             max_num_batched_tokens=spec.max_num_batched_tokens * spec.dp,
+            # the KV cache vLLM sizes under the pool's engine flags (each DP rank profiles its own share)
+            kv_capacity_tokens=latency.kv_capacity_for(spec.engine_memory(latency.default_memory)),
             prefix_caching=prefix_caching,
             hold_kv_until_released=role == "prefill",
         )
