@@ -1,10 +1,11 @@
 """Chaos on the local control plane, the operator as its own process (disagg.chaos.cases): the operator
-SIGKILLed mid-rollout, the API server down, Prometheus down, an idle operator's writes.
+SIGKILLed mid-rollout, the API server down, Prometheus down, an idle operator's writes, scale-downs under
+streaming traffic through the released router.
 
 Each case prints its figures (``chaos <case>: ...``, shown with ``pytest -s`` and in a failing test's
 report) and a JSON line; bench/chaos_report.py runs the same cases and prints them as a table. What is
 asserted is correctness (convergence, no duplicates or orphans, changes applied after an outage,
-fail-static); speeds are printed against their targets, never asserted.
+fail-static, no request lost across a scale-down); speeds are printed against their targets, never asserted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from disagg.chaos.cases import (
     idle_writes,
     operator_killed,
     prometheus_outage,
+    scale_down_drain,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -64,4 +66,17 @@ def test_an_idle_operator_writes_are_counted(
     result = idle_writes(chaos_cluster, IdleWritesSettings(window_s=30.0))
     report(result, record_property)
     assert result.figures["dds"] == IdleWritesSettings().deployments
+    assert result.passed, result.line()
+
+
+def test_scale_downs_under_streaming_traffic_lose_no_request(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = scale_down_drain(chaos_cluster)
+    report(result, record_property)
+    sent = result.figures["sent"]
+    assert isinstance(sent, int) and sent > 0
+    assert result.figures["ok"] == sent, result.line()
+    assert result.figures["failed"] == 0 and result.figures["cut_off"] == 0, result.line()
+    assert result.figures["pods_at_end"] == "1/1", result.line()
     assert result.passed, result.line()

@@ -1,5 +1,6 @@
 """The chaos suite's pure parts (disagg.chaos): the traceback count of an operator log, the API server's
-write counter read from its /metrics, a case's printed line, and the table bench/chaos_report.py prints."""
+write counter read from its /metrics, the streams in flight across a scale-down, a case's printed line, and
+the table bench/chaos_report.py prints."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 from pathlib import Path
 
 from disagg.chaos import CaseResult
-from disagg.chaos.cases import operator_writes
+from disagg.chaos.cases import Moment, operator_writes, streams_across
 from disagg.chaos.harness import tracebacks
+from disagg.demo.traffic import PhaseReport
+from disagg.twin.live.load import ClientResult, LoadReport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +81,19 @@ def test_a_case_prints_its_figures_and_the_table_has_its_row() -> None:
     assert lines[0].split(" | ")[0].strip() == "case"
     assert any(line.startswith("apiserver-outage") and "pass" in line for line in lines)
     assert any(line.startswith("operator-killed") and "FAIL" in line for line in lines)
+
+
+def test_a_stream_counts_across_the_first_scale_down_it_was_in_flight_at() -> None:
+    cuts = [Moment("decode", 15.0), Moment("prefill", 30.0)]
+    results = [
+        ClientResult(True, sent_at=10.0, done_at=14.0),  # ended before the first cut
+        ClientResult(True, sent_at=12.0, done_at=40.0),  # across both: counted at the first
+        ClientResult(False, error="HTTP 503", sent_at=29.0, done_at=33.0),  # across the second
+        ClientResult(True, sent_at=31.0, done_at=35.0),  # after both
+        ClientResult(True),  # no times (another load generator): not counted
+    ]
+    found = streams_across(PhaseReport("steady", 5, LoadReport(results)), cuts)
+    assert [(m.what, duration, after) for m, duration, after in found] == [
+        ("decode", 28.0, 25.0),
+        ("prefill", 4.0, 3.0),
+    ]

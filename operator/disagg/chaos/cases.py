@@ -32,18 +32,23 @@ from disagg.chaos.harness import (
     survey,
     tracebacks,
 )
+from disagg.cluster.local import free_ports
 from disagg.cluster.prometheus import PrometheusProcess, PrometheusSettings, start_prometheus
 from disagg.cluster.wait import WaitTimeout, wait_for
-from disagg.demo.scenario import DemoSettings, deployment_manifest, ratio_policy_manifest
+from disagg.demo.harness import ClosedLoop, RunSettings, apply_object, wait_until
+from disagg.demo.scenario import DemoSettings, Phase, deployment_manifest, ratio_policy_manifest
+from disagg.demo.traffic import PhaseReport, run_traffic
 from disagg.k8s.client import (
     DEPLOYMENT,
     DISAGG_DEPLOYMENT,
     EVENT,
     MERGE_PATCH,
+    POD,
     RATIO_POLICY,
     JsonDict,
     KubeApi,
 )
+from disagg.twin.live.load import LoadReport
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "vllm-nixl.yaml"
@@ -615,9 +620,155 @@ def idle_writes(cc: ChaosCluster, settings: IdleWritesSettings = IdleWritesSetti
         cc.drop_namespace(ns)
 
 
+# -- 5. scale-downs under streaming traffic through the router ------------------------------------------
+# steady chat through the released router, long streams (256 tokens) so many are in flight at a cut
+STEADY_CHAT = Phase("steady", 60.0, 4.0, 300, 256)
+
+
+@dataclass(frozen=True)
+class ScaleDownSettings:
+    start: tuple[int, int] = (2, 3)  # prefill, decode
+    end: tuple[int, int] = (1, 1)
+    phase: Phase = STEADY_CHAT
+    decode_down_at_s: float = 15.0  # seconds into the traffic
+    prefill_down_at_s: float = 30.0
+    decode_pre_stop_s: int = 30  # the decode pods' preStop sleep (spec.decode.preStopSleepSeconds)
+    drain_s: float = 20.0  # after the last arrival, for the streams in flight to end
+    gpu_type: str = "h100"
+    settle_timeout_s: float = 90.0
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A scale-down: the role patched, when (time.monotonic())."""
+
+    what: str  # the role scaled down
+    at: float
+
+
+def streams_across(report: PhaseReport, moments: list[Moment]) -> list[tuple[Moment, float, float]]:
+    """Each request in flight when a scale-down began (sent before, answered after): the first such
+    moment, its duration and how long after that moment it ended."""
+    found: list[tuple[Moment, float, float]] = []
+    for result in report.load.results:
+        if result.sent_at is None or result.done_at is None:
+            continue
+        for moment in moments:
+            if result.sent_at < moment.at < result.done_at:
+                found.append((moment, result.done_at - result.sent_at, result.done_at - moment.at))
+                break
+    return found
+
+
+def _pods(kube: KubeApi, namespace: str, deployment: str, role: str) -> list[JsonDict]:
+    selector = f"disagg.dev/deployment={deployment},disagg.dev/role={role}"
+    return kube.list(POD, namespace, selector)
+
+
+def scale_down_drain(cc: ChaosCluster, settings: ScaleDownSettings = ScaleDownSettings()) -> CaseResult:
+    """A deployment without autoscaling at 2:3 serving steady chat through the released vllm-router
+    (emulated engines of the live twin, which serve through a removed pod's preStop sleep and drain), scaled
+    down during the traffic: decode 3 -> 1, then prefill 2 -> 1 (merge patches of its spec). Every request
+    must complete (none failed, none cut off) and the pools must end at 1:1 with no pod left Terminating.
+    Figures: what became of the requests, and the streams that were in flight when a scale-down began (how
+    many, the longest one, the latest end after its scale-down)."""
+    kube = cc.kube
+    ns = cc.namespace("chaos-scale-down")
+    workdir = cc.workdir / "scale-down-drain"
+    (prefill, decode), (prefill_end, decode_end) = settings.start, settings.end
+    demo = DemoSettings(
+        namespace=ns,
+        deployment="chat",
+        gpu_type=settings.gpu_type,
+        model_cache_claim=None,
+        prefill_replicas=prefill,
+        decode_replicas=decode,
+        decode_pre_stop_s=settings.decode_pre_stop_s,
+        drain_s=settings.drain_s,
+        phases=(settings.phase,),
+        report_dir=workdir / "report",
+    )
+    (port,) = free_ports(1)
+    loop = ClosedLoop(cc.info, demo, RunSettings(operator_metrics_port=port, log_dir=workdir / "logs"), kube)
+    try:
+        loop.start_operator()  # no Prometheus: nothing autoscales
+        dd = deployment_manifest(demo)
+        dd["spec"].pop("autoscaling")
+        apply_object(kube, dd, FIELD_MANAGER)
+        wait_until(loop.children_ready, 120, "the deployment's children")
+        loop.start_twin()
+        url = loop.start_router()  # once the router routes to all 2 + 3 engines
+        reports: list[PhaseReport] = []
+        traffic = threading.Thread(
+            target=lambda: reports.extend(run_traffic(url, demo)), name="scale-down-traffic", daemon=True
+        )
+        started = time.monotonic()
+        traffic.start()
+        moments: list[Moment] = []
+        for at, role, count in (
+            (settings.decode_down_at_s, "decode", decode_end),
+            (settings.prefill_down_at_s, "prefill", prefill_end),
+        ):
+            time.sleep(max(0.0, started + at - time.monotonic()))  # the scale-down's moment in the traffic
+            patch_spec(kube, ns, demo.deployment, {role: {"replicas": count}})
+            moments.append(Moment(role, time.monotonic()))
+        traffic.join(timeout=settings.phase.duration_s + settings.drain_s + 60.0)
+        problems: list[str] = []
+        if traffic.is_alive() or not reports:
+            problems.append("the traffic did not finish")
+        report = reports[0] if reports else PhaseReport(settings.phase.name, 0, LoadReport())
+
+        def at_end() -> bool:
+            for role, count in (("prefill", prefill_end), ("decode", decode_end)):
+                if child_replicas(kube, ns, f"{demo.deployment}-{role}") != count:
+                    return False
+                if len(_pods(kube, ns, demo.deployment, role)) != count:  # Terminating ones included
+                    return False
+            return True
+
+        try:
+            wait_for(at_end, settings.settle_timeout_s, 1.0, f"the pools at {prefill_end}:{decode_end}")
+        except WaitTimeout as timeout:
+            problems.append(str(timeout))
+        pools = "/".join(str(len(_pods(kube, ns, demo.deployment, role))) for role in ("prefill", "decode"))
+        if report.failed:
+            errors = ", ".join(f"{n} x {e}" for e, n in report.errors().items())
+            problems.append(f"{report.failed} requests failed ({errors}); logs: {loop.run.log_dir}")
+        if report.cut_off:
+            problems.append(f"{report.cut_off} requests cut off (still running after the drain)")
+        across = streams_across(report, moments)
+        by_moment = {m.what: sum(1 for a in across if a[0] is m) for m in moments}
+        return CaseResult(
+            case="scale-down-drain",
+            done=(
+                f"scaled a {prefill}:{decode} deployment (no autoscaling) to {prefill_end}:{decode_end} "
+                f"under steady chat through vllm-router ({settings.phase.rate_rps:g} req/s, "
+                f"{settings.phase.output_tokens}-token streams): decode at "
+                f"{settings.decode_down_at_s:.0f} s, prefill at {settings.prefill_down_at_s:.0f} s"
+            ),
+            figures={
+                "sent": report.sent,
+                "ok": report.ok,
+                "failed": report.failed,
+                "cut_off": report.cut_off,
+                "errors": ",".join(f"{e}:{n}" for e, n in report.errors().items()) or "-",
+                "in_flight_at_cuts": ",".join(f"{k}:{n}" for k, n in by_moment.items()),
+                "longest_across_s": max((a[1] for a in across), default=0.0),
+                "last_end_after_cut_s": max((a[2] for a in across), default=0.0),
+                "pods_at_end": pools,
+            },
+            target="0 lost, 0 cut off, 0 errored; pools end at 1:1",
+            problems=tuple(problems),
+        )
+    finally:
+        loop.stop()
+        cc.drop_namespace(ns)
+
+
 CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
     "operator-killed": operator_killed,
     "apiserver-outage": apiserver_outage,
     "prometheus-outage": prometheus_outage,
     "idle-writes": idle_writes,
+    "scale-down-drain": scale_down_drain,
 }

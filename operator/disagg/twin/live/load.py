@@ -60,6 +60,10 @@ class ClientResult:
     itls_s: tuple[float, ...] = ()
     tokens: int = 0
     error: str = ""
+    # when the request was sent and when its answer ended (time.monotonic(), wall seconds): which requests
+    # were in flight at a given moment, and how long each took
+    sent_at: float | None = None
+    done_at: float | None = None
 
 
 @dataclass
@@ -149,7 +153,10 @@ async def _one(
             f"{settings.target}/v1/completions", json=body, headers={"X-Request-Id": f"load-{index}"}
         ) as response:
             if response.status != 200:
-                return ClientResult(False, error=f"HTTP {response.status}: {(await response.text())[:200]}")
+                text = (await response.text())[:200]
+                return ClientResult(
+                    False, error=f"HTTP {response.status}: {text}", sent_at=sent, done_at=time.monotonic()
+                )
             async for raw in response.content:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -165,9 +172,9 @@ async def _one(
                 last = now
                 tokens += 1
     except (TimeoutError, aiohttp.ClientError) as err:
-        return ClientResult(False, error=repr(err))
+        return ClientResult(False, error=repr(err), sent_at=sent, done_at=time.monotonic())
     ttft = None if first is None else (first - sent) / settings.time_scale
-    return ClientResult(True, ttft, tuple(gaps), tokens)
+    return ClientResult(True, ttft, tuple(gaps), tokens, sent_at=sent, done_at=time.monotonic())
 
 
 async def run_load(requests: Sequence[LoadRequest], settings: LoadSettings) -> LoadReport:
