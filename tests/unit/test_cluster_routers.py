@@ -5,11 +5,17 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from disagg.cluster.local import LOOPBACK_POD_OCTETS, claim_loopback_pod_cidr, loopback_pod_cidr
+from disagg.cluster.local import (
+    CLAIM_STARTUP_GRACE_S,
+    LOOPBACK_POD_OCTETS,
+    claim_loopback_pod_cidr,
+    loopback_pod_cidr,
+)
 from disagg.cluster.routers import RouterError, expand_kubelet_vars, local_router_argv, with_option
 
 
@@ -31,10 +37,15 @@ def test_concurrent_clusters_claim_distinct_pod_cidrs(tmp_path: Path) -> None:
     assert first != second
     # a state directory gets its previous CIDR back while nobody else holds it
     assert claim_loopback_pod_cidr(tmp_path / "other", cache, prefer=second) == second
-    # a claim whose cluster no longer runs is taken over
+    # a fresh claim holds while its cluster is still starting (no process yet): two clusters starting at
+    # once get distinct CIDRs
+    starting = claim_loopback_pod_cidr(tmp_path / "starting", tmp_path / "cache2")
+    assert claim_loopback_pod_cidr(tmp_path / "also-starting", tmp_path / "cache2") != starting
+    # a claim whose cluster no longer runs is taken over once it is older than a start-up
     stale = tmp_path / "stale"
-    assert claim_loopback_pod_cidr(stale, tmp_path / "cache2") == loopback_pod_cidr(64)
-    assert claim_loopback_pod_cidr(tmp_path / "new", tmp_path / "cache2") == loopback_pod_cidr(64)
+    assert claim_loopback_pod_cidr(stale, tmp_path / "cache4") == loopback_pod_cidr(64)
+    age(tmp_path / "cache4")
+    assert claim_loopback_pod_cidr(tmp_path / "new", tmp_path / "cache4") == loopback_pod_cidr(64)
     # ... and so is one whose recorded pid now runs another program than the kwok its state names
     recycled = tmp_path / "recycled"
     (recycled / "pids").mkdir(parents=True)
@@ -42,7 +53,15 @@ def test_concurrent_clusters_claim_distinct_pod_cidrs(tmp_path: Path) -> None:
     (recycled / "state.json").write_text(json.dumps({"binaries": {"kwok": "/nonexistent/kwok"}}))
     cache3 = tmp_path / "cache3"
     assert claim_loopback_pod_cidr(recycled, cache3) == loopback_pod_cidr(64)
+    age(cache3)
     assert claim_loopback_pod_cidr(tmp_path / "next", cache3) == loopback_pod_cidr(64)
+
+
+def age(cache: Path) -> None:
+    """Every pod-CIDR claim under ``cache`` made older than a cluster's start-up grace."""
+    old = time.time() - CLAIM_STARTUP_GRACE_S - 1
+    for claim in (cache / "pod-cidrs").glob("127.*"):
+        os.utime(claim, (old, old))
 
 
 def test_rendered_router_commands_run_locally_on_loopback() -> None:

@@ -704,13 +704,26 @@ def claim_loopback_pod_cidr(state_dir: Path, cache_root: Path, prefer: str | Non
             for octet in [*preferred, *octets]:
                 claim = claims / f"127.{octet}"
                 owner = claim.read_text().strip() if claim.is_file() else ""
-                if owner and Path(owner) != state_dir and _cluster_alive(Path(owner)):
+                if owner and Path(owner) != state_dir and (_cluster_alive(Path(owner)) or _fresh(claim)):
                     continue
                 claim.write_text(f"{state_dir}\n")
                 return loopback_pod_cidr(octet)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     raise ClusterError(f"no free loopback pod CIDR left under {claims} (every 127.N/16 is claimed)")
+
+
+# A claim younger than this holds even though its cluster is not running yet: a cluster claims its /16
+# before it starts its processes, so two clusters starting at once would otherwise take the same one (seen:
+# two test sessions' live twins binding the same pod IPs).
+CLAIM_STARTUP_GRACE_S = 300.0
+
+
+def _fresh(claim: Path) -> bool:
+    try:
+        return time.time() - claim.stat().st_mtime < CLAIM_STARTUP_GRACE_S
+    except OSError:
+        return False
 
 
 def _cluster_alive(state_dir: Path) -> bool:
