@@ -443,40 +443,17 @@ PROMETHEUS_OPERATOR_CRDS: tuple[str, ...] = tuple(
 )
 
 
-def prometheus_operator_dir(settings: BuildSettings | None = None) -> Path:
-    settings = settings or BuildSettings()
-    return settings.cache_root / f"prometheus-operator-{settings.versions.prometheus_operator}"
-
-
 def ensure_prometheus_operator_crds(settings: BuildSettings | None = None) -> list[Path]:
-    """The pinned Prometheus Operator release's CRD manifests (PROMETHEUS_OPERATOR_CRDS), copied from the
-    Go module cache (``go mod download``) under ``~/.cache/disagg/prometheus-operator-<version>/`` once."""
+    """The pinned Prometheus Operator release's CRD manifests (PROMETHEUS_OPERATOR_CRDS), under
+    ``~/.cache/disagg/prometheus-operator-<version>/`` (:func:`ensure_module_files`)."""
     settings = settings or BuildSettings()
-    out = prometheus_operator_dir(settings)
-    paths = [out / "manifests" / relative for relative in PROMETHEUS_OPERATOR_CRDS]
-    if all(p.is_file() for p in paths):
-        return paths
-    component = "prometheus-operator"
-    with _component_lock(settings, component):
-        if all(p.is_file() for p in paths):
-            return paths
-        go = shutil.which(settings.go)
-        if go is None:
-            raise BinaryError(f"{component}: the Go toolchain ({settings.go!r}) is not on PATH")
-        version = settings.versions.prometheus_operator
-        log(settings, f"{component} {version}: not cached, go mod download (its CRDs)")
-        scratch = out / "scratch"
-        scratch.mkdir(parents=True, exist_ok=True)
-        (scratch / "go.mod").write_text("module disagg.local/scratch\n\ngo 1.26\n")
-        info = _module_info(component, go, PROMETHEUS_OPERATOR_MODULE, version, scratch, _go_env())
-        source = Path(str(info["Dir"]))
-        for relative, path in zip(PROMETHEUS_OPERATOR_CRDS, paths, strict=True):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            staging = path.with_suffix(".tmp")
-            shutil.copyfile(source / relative, staging)
-            staging.chmod(0o644)  # the module cache is read-only
-            staging.rename(path)
-    return paths
+    return ensure_module_files(
+        "prometheus-operator",
+        PROMETHEUS_OPERATOR_MODULE,
+        settings.versions.prometheus_operator,
+        PROMETHEUS_OPERATOR_CRDS,
+        settings,
+    )
 
 
 def ensure_module_files(
