@@ -8,7 +8,6 @@ move is in status.autoscaling.decisions, Events carry the causes, and the operat
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 from collections.abc import Iterator
@@ -19,13 +18,12 @@ import httpx
 import pytest
 from kubernetes import client, watch
 
-from disagg.cluster.local import ClusterInfo, NodePool, free_ports, node_manifest
+from disagg.cluster.local import ClusterInfo, NodePool, node_manifest
 from disagg.controller.pods import POD_DELETION_COST
 from disagg.demo import (
     ClosedLoop,
     DemoSettings,
     Phase,
-    RunSettings,
     apply_object,
     deployment_manifest,
     drive,
@@ -34,11 +32,9 @@ from disagg.demo import (
     startup_estimates,
     startup_report,
     summarise,
-    wait_until,
     write_report,
 )
 from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, POD, Kind, KubeApi, load_api_client
-from disagg.k8s.crds import install_crds
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -50,36 +46,10 @@ SCENARIO = DemoSettings(
 )
 
 
-@contextlib.contextmanager
-def running(cluster: ClusterInfo, settings: DemoSettings, tmp_path: Path) -> Iterator[ClosedLoop]:
-    """Prometheus, the operator, the scenario's objects, the live twin and the released router (the
-    traffic goes through it), stopped afterwards."""
-    (port,) = free_ports(1)
-    kube = KubeApi(load_api_client(cluster.kubeconfig))
-    loop = ClosedLoop(
-        cluster, settings, RunSettings(operator_metrics_port=port, log_dir=tmp_path / "logs"), kube
-    )
-    try:
-        install_crds(kube)
-        loop.start_prometheus()
-        loop.start_operator()
-        loop.apply_scenario()
-        wait_until(loop.children_ready, 120, "the deployment's children")
-        loop.start_twin()
-        loop.start_router()
-        yield loop
-    finally:
-        loop.stop()
-        for name in ("operator.log", "twin.log", "vllm-router.log"):
-            log = tmp_path / "logs" / name
-            if log.is_file():
-                print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
-
-
 @pytest.fixture
 def closed_loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[ClosedLoop]:
     settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
-    with running(cluster, settings, tmp_path) as loop:
+    with ClosedLoop.on(cluster, settings, tmp_path / "logs").running(print_logs=True) as loop:
         yield loop
 
 
@@ -297,7 +267,7 @@ def test_pending_pods_stop_the_asking_and_set_scaling_limited(
         pending_backoff_s=600,
         prefill_node_labels=(one_gpu_node,),
     )
-    with running(cluster, settings, tmp_path) as loop:
+    with ClosedLoop.on(cluster, settings, tmp_path / "logs").running(print_logs=True) as loop:
         samples, _ = drive(loop, io.StringIO())
         decisions = loop.decisions()
         events = loop.events()

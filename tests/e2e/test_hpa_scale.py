@@ -27,23 +27,19 @@ import pytest
 import yaml
 
 from disagg.cluster import keda
-from disagg.cluster.local import ClusterInfo, free_ports
+from disagg.cluster.local import ClusterInfo
 from disagg.cluster.lws import established
 from disagg.cluster.metrics_adapter import MetricsAdapter, start_metrics_adapter
 from disagg.demo import (
     ClosedLoop,
     DemoSettings,
     Phase,
-    RunSettings,
-    apply_object,
     deployment_manifest,
-    ratio_policy_manifest,
     wait_until,
 )
 from disagg.demo.traffic import run_traffic
 from disagg.k8s.apply import FIELD_MANAGER
-from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, KubeApi, load_api_client
-from disagg.k8s.crds import install_crds
+from disagg.k8s.client import DEPLOYMENT, DISAGG_DEPLOYMENT, KubeApi
 from disagg.metrics.external import REQUESTS_IN_FLIGHT
 
 pytestmark = pytest.mark.timeout(480)
@@ -65,39 +61,34 @@ def example(name: str, kind: str) -> dict[str, Any]:
     return copy.deepcopy(next(d for d in docs if d["kind"] == kind))
 
 
-@pytest.fixture
-def loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[tuple[ClosedLoop, MetricsAdapter]]:
-    settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
-    (port,) = free_ports(1)
-    kube = KubeApi(load_api_client(cluster.kubeconfig))
-    loop = ClosedLoop(
-        cluster, settings, RunSettings(operator_metrics_port=port, log_dir=tmp_path / "logs"), kube
-    )
+class HpaLoop(ClosedLoop):
+    """The demo's closed loop with the example's spec.replicas and prometheus-adapter serving the HPA's
+    metric from this loop's Prometheus (started before the scenario, stopped after the loop)."""
+
     adapter: MetricsAdapter | None = None
-    try:
-        install_crds(kube)
-        loop.start_prometheus()
-        assert loop.prometheus is not None
-        adapter = start_metrics_adapter(cluster, loop.prometheus.url, tmp_path / "adapter")
-        loop.start_operator()
-        loop.provide_model_cache()
-        apply_object(kube, ratio_policy_manifest(settings))
-        dd = deployment_manifest(settings)
+
+    def deployment_object(self) -> dict[str, Any]:
+        dd = deployment_manifest(self.settings)
         dd["spec"]["replicas"] = example("hpa.yaml", "DisaggregatedDeployment")["spec"]["replicas"]
-        apply_object(kube, dd)
-        wait_until(loop.children_ready, 120, "the deployment's children")
-        loop.start_twin()
-        loop.start_router()
-        yield loop, adapter
-    finally:
-        loop.stop()
-        if adapter is not None:
-            print(f"--- prometheus-adapter.log (tail)\n{adapter.log_tail()}")
-            adapter.stop()
-        for name in ("operator.log", "twin.log"):
-            log = tmp_path / "logs" / name
-            if log.is_file():
-                print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+        return dd
+
+    def apply_scenario(self) -> None:
+        assert self.prometheus is not None
+        self.adapter = start_metrics_adapter(self.cluster, self.prometheus.url, self.run.log_dir / "adapter")
+        super().apply_scenario()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.adapter is not None:
+            print(f"--- prometheus-adapter.log (tail)\n{self.adapter.log_tail()}")
+            self.adapter.stop()
+
+
+@pytest.fixture
+def loop(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[HpaLoop]:
+    settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
+    with HpaLoop.on(cluster, settings, tmp_path / "logs").running(print_logs=True) as running:
+        yield running
 
 
 def pools(kube: KubeApi, namespace: str) -> dict[str, dict[str, Any]]:
@@ -114,10 +105,8 @@ def replicas_writers(child: dict[str, Any]) -> set[str]:
     return owners
 
 
-def test_hpa_scales_the_deployment_through_scale_and_the_operator_splits_it(
-    loop: tuple[ClosedLoop, MetricsAdapter],
-) -> None:
-    closed, _ = loop
+def test_hpa_scales_the_deployment_through_scale_and_the_operator_splits_it(loop: HpaLoop) -> None:
+    closed = loop
     kube, ns = closed.kube, closed.settings.namespace
     hpa = example("hpa.yaml", "HorizontalPodAutoscaler")
     hpa["metadata"]["namespace"] = ns

@@ -18,10 +18,7 @@ the move with its cause.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,16 +26,11 @@ from typing import Any
 import pytest
 import yaml
 
-from disagg.api.deployment import DisaggregatedDeployment
-from disagg.cluster.local import ClusterInfo, free_ports
-from disagg.cluster.processes import spawn_logged
-from disagg.cluster.routers import RouterSettings, service_account_kubeconfig, start_router
-from disagg.demo import ClosedLoop, DemoSettings, Phase, RunSettings, apply_object, ratio_policy_manifest
-from disagg.demo.harness import read_endpoints, twin_command, wait_until
+from disagg.cluster.local import ClusterInfo
+from disagg.demo import ClosedLoop, DemoSettings, Phase
+from disagg.demo.harness import wait_until
 from disagg.demo.traffic import PhaseReport, run_traffic
-from disagg.k8s.client import DEPLOYMENT, LEADERWORKERSET, POD, SERVICEACCOUNT, KubeApi, load_api_client
-from disagg.k8s.crds import install_crds
-from disagg.render.builders import router_command
+from disagg.k8s.client import DEPLOYMENT, LEADERWORKERSET, POD, KubeApi
 from disagg.render.lws import GROUP_INDEX_LABEL
 from disagg.render.names import GROUP_ROLE_LABEL
 from disagg.twin.live.follower import ENDPOINT_ANNOTATION
@@ -99,10 +91,6 @@ def moe_deployment(settings: DemoSettings) -> dict[str, Any]:
 class MultiNodeLoop(ClosedLoop):
     """The demo's closed loop around the multi-node deployment: its own manifests, router and twin flags."""
 
-    def apply_scenario(self) -> None:
-        apply_object(self.kube, ratio_policy_manifest(self.settings))
-        apply_object(self.kube, moe_deployment(self.settings))
-
     def children_ready(self) -> bool:
         name, ns = self.settings.deployment, self.settings.namespace
         return all(
@@ -110,66 +98,8 @@ class MultiNodeLoop(ClosedLoop):
             for role in ("prefill", "decode")
         ) and (self.kube.get(DEPLOYMENT, ns, f"{name}-router") is not None)
 
-    def start_twin(self) -> None:
-        endpoints = self.run.log_dir / "twin-endpoints.json"
-        endpoints.unlink(missing_ok=True)
-        command = twin_command(self.settings, self.run, self.cluster, endpoints)
-        command += ["--startup-delay", str(STARTUP_S), "--max-num-seqs", str(MAX_NUM_SEQS)]
-        self.twin = spawn_logged(
-            command,
-            self.run.log_dir / "twin.log",
-            env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
-        )
-
-        def started() -> bool:
-            if self.twin is not None and self.twin.poll() is not None:
-                raise RuntimeError(f"the live twin exited: see {self.run.log_dir / 'twin.log'}")
-            return read_endpoints(endpoints) is not None
-
-        wait_until(started, self.run.start_timeout_s, "the live twin")
-
-    def start_router(self) -> str:
-        """The released vllm-router with the command line the operator renders for this deployment (it
-        discovers the groups' leaders only); its URL once it routes to the prefill and the decode leader."""
-        dd = DisaggregatedDeployment.model_validate(moe_deployment(self.settings))
-        ns, account = self.settings.namespace, f"{self.settings.deployment}-router"
-        wait_until(lambda: self.kube.get(SERVICEACCOUNT, ns, account), 60, "the router's ServiceAccount")
-        kubeconfig = service_account_kubeconfig(
-            self.cluster, ns, account, self.run.log_dir / "router.kubeconfig"
-        )
-        self.router = start_router(
-            "vllm",
-            router_command(dd),
-            kubeconfig,
-            self.run.log_dir,
-            {"POD_NAMESPACE": ns},
-            RouterSettings(tie_to_parent=True),
-        )
-        self.wait_serving(self.run.start_timeout_s)
-        return self.router.url
-
-
-@contextlib.contextmanager
-def running(cluster: ClusterInfo, settings: DemoSettings, tmp_path: Path) -> Iterator[MultiNodeLoop]:
-    (port,) = free_ports(1)
-    kube = KubeApi(load_api_client(cluster.kubeconfig))
-    run = RunSettings(operator_metrics_port=port, log_dir=tmp_path / "logs")
-    loop = MultiNodeLoop(cluster, settings, run, kube)
-    try:
-        install_crds(kube)
-        loop.start_prometheus()
-        loop.start_operator()
-        loop.apply_scenario()
-        wait_until(loop.children_ready, 120, "the deployment's LeaderWorkerSets and router")
-        loop.start_twin()
-        loop.start_router()
-        yield loop
-    finally:
-        loop.stop()
-        for name in ("operator.log", "twin.log", "vllm-router.log"):
-            log = tmp_path / "logs" / name
-            if log.is_file():
-                print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+    def deployment_object(self) -> dict[str, Any]:
+        return moe_deployment(self.settings)
 
 
 def decode_groups(kube: KubeApi, namespace: str, deployment: str) -> dict[str, list[dict[str, Any]]]:
@@ -205,7 +135,9 @@ def test_policy_adds_a_whole_decode_group_from_live_metrics(
     cluster: ClusterInfo, namespace: str, tmp_path: Path
 ) -> None:
     settings = replace(SCENARIO, namespace=namespace, report_dir=tmp_path / "report")
-    with running(cluster, settings, tmp_path) as loop:
+    loop = MultiNodeLoop.on(cluster, settings, tmp_path / "logs")
+    loop.twin_args = ("--startup-delay", str(STARTUP_S), "--max-num-seqs", str(MAX_NUM_SEQS))
+    with loop.running("the deployment's LeaderWorkerSets and router", print_logs=True):
         kube, name = loop.kube, settings.deployment
         lws_name = f"{name}-decode-lws"
         start = kube.get(LEADERWORKERSET, namespace, lws_name) or {}

@@ -10,15 +10,16 @@ operator reads them. Everything here starts processes or talks to the API server
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 from kubernetes.client.exceptions import ApiException
@@ -26,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.binaries import ensure_binary
 from disagg.cluster.layout import ClusterInfo
-from disagg.cluster.processes import spawn_logged, stop_process_group
+from disagg.cluster.processes import free_ports, spawn_logged, stop_process_group
 from disagg.cluster.prometheus import PrometheusProcess, start_prometheus
 from disagg.cluster.routers import RouterProcess, RouterSettings, service_account_kubeconfig, start_router
 from disagg.cluster.wait import wait_for
@@ -52,7 +53,9 @@ from disagg.k8s.client import (
     Kind,
     KubeApi,
     kind_of,
+    load_api_client,
 )
+from disagg.k8s.crds import install_crds
 from disagg.metrics.prometheus import PrometheusSignals, user_ttft
 from disagg.metrics.queries import QuerySet, build_queries
 from disagg.metrics.relabel import engine_scrape_config
@@ -178,6 +181,7 @@ class ClosedLoop:
     router: RouterProcess | None = None  # the released router the traffic goes through
     pods_seen: dict[str, PodInfo] = field(default_factory=dict)  # engine pod -> as last seen
     traffic_started: float | None = None  # epoch seconds
+    twin_args: tuple[str, ...] = ()  # more flags of `disagg twin serve`
 
     @property
     def operator_metrics_url(self) -> str:
@@ -218,16 +222,20 @@ class ClosedLoop:
                     )
             apply_object(self.kube, obj)
 
+    def deployment_object(self) -> dict[str, Any]:
+        """The DisaggregatedDeployment this loop runs (the demo's; a variant loop may run another)."""
+        return deployment_manifest(self.settings)
+
     def apply_scenario(self) -> None:
         self.provide_model_cache()
         apply_object(self.kube, ratio_policy_manifest(self.settings))
-        apply_object(self.kube, deployment_manifest(self.settings))
+        apply_object(self.kube, self.deployment_object())
 
     def start_twin(self) -> None:
         endpoints = self.run.log_dir / "twin-endpoints.json"
         endpoints.unlink(missing_ok=True)
         self.twin = spawn_logged(
-            twin_command(self.settings, self.run, self.cluster, endpoints),
+            [*twin_command(self.settings, self.run, self.cluster, endpoints), *self.twin_args],
             self.run.log_dir / "twin.log",
             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
         )
@@ -243,7 +251,7 @@ class ClosedLoop:
         """The released router (vllm-router or sglang-router, the wheel the default image pins) with the
         command line the operator rendered for this deployment, authenticated as the router's own
         ServiceAccount; returns its URL once it routes to every initial pod."""
-        dd = DisaggregatedDeployment.model_validate(deployment_manifest(self.settings))
+        dd = DisaggregatedDeployment.model_validate(self.deployment_object())
         ns, account = self.settings.namespace, f"{self.settings.deployment}-router"
         wait_until(lambda: self.kube.get(SERVICEACCOUNT, ns, account), 60, "the router's ServiceAccount")
         kubeconfig = service_account_kubeconfig(
@@ -373,6 +381,37 @@ class ClosedLoop:
         stop_process_group(self.operator, STOP_TIMEOUT_S)
         if self.prometheus is not None:
             self.prometheus.stop()
+
+    @contextlib.contextmanager
+    def running(
+        self, children: str = "the deployment's children", print_logs: bool = False
+    ) -> Iterator[Self]:
+        """The whole loop started in order (the CRDs, Prometheus, the operator, the scenario's objects, the
+        live twin once ``children`` exist, the released router) and stopped afterwards; with
+        ``print_logs`` the tails of the operator's, the twin's and the router's logs are printed then (for
+        a test's report)."""
+        try:
+            install_crds(self.kube)
+            self.start_prometheus()
+            self.start_operator()
+            self.apply_scenario()
+            wait_until(self.children_ready, 120, children)
+            self.start_twin()
+            self.start_router()
+            yield self
+        finally:
+            self.stop()
+            for name in ("operator.log", "twin.log", "vllm-router.log") if print_logs else ():
+                log = self.run.log_dir / name
+                if log.is_file():
+                    print(f"--- {name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+
+    @classmethod
+    def on(cls, cluster: ClusterInfo, settings: DemoSettings, log_dir: Path) -> Self:
+        """A loop on ``cluster``: the operator's metrics on a free port, the logs under ``log_dir``."""
+        (port,) = free_ports(1)
+        kube = KubeApi(load_api_client(cluster.kubeconfig))
+        return cls(cluster, settings, RunSettings(operator_metrics_port=port, log_dir=log_dir), kube)
 
 
 def read_latencies(prometheus_url: str, settings: DemoSettings) -> tuple[float | None, float | None]:
