@@ -24,10 +24,10 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.local import LocalCluster, default_state_dir, free_ports
+from disagg.demo.scenario import tiny_deployment_manifest
 from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import (
     CHILD_KINDS,
@@ -58,21 +58,6 @@ class BenchSettings:
     poll_interval_s: float = 0.02
     timeout_s: float = 60.0
     operator_start_timeout_s: float = 90.0
-
-
-def tiny_deployment(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggregatedDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
-            "engine": {"type": "vllm"},
-            "kvTransfer": {"connector": "nixl"},
-            "prefill": {"replicas": 1},
-            "decode": {"replicas": 2},
-        },
-    }
 
 
 def start_operator(
@@ -127,7 +112,7 @@ def all_present(kube: KubeApi, namespace: str, name: str, want: set[tuple[str, s
 
 
 def measure_one(kube: KubeApi, namespace: str, name: str, settings: BenchSettings) -> float:
-    manifest = tiny_deployment(name, namespace)
+    manifest = tiny_deployment_manifest(name, namespace)
     want = {
         (c["kind"], c["metadata"]["name"])
         for c in render_children(DisaggregatedDeployment.model_validate(manifest))

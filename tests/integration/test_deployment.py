@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import DisaggregatedDeployment
 from disagg.cluster.wait import wait_for
+from disagg.demo.scenario import tiny_deployment_manifest
 from disagg.k8s.apply import DEPLOYMENT_LABEL, owner_reference
 from disagg.k8s.client import (
     APPLY_PATCH,
@@ -58,22 +59,7 @@ def poll(check: Callable[[], Any], timeout_s: float = 60.0, interval_s: float = 
     return wait_for(check, timeout_s, interval_s, what)
 
 
-def tiny_deployment(name: str, namespace: str, **spec: Any) -> JsonDict:
-    """A small vLLM + NIXL deployment (one GPU per replica), with ``spec`` keys merged over it."""
-    body: JsonDict = {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggregatedDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
-            "engine": {"type": "vllm"},
-            "kvTransfer": {"connector": "nixl"},
-            "prefill": {"replicas": 1},
-            "decode": {"replicas": 2},
-        },
-    }
-    body["spec"].update(spec)
-    return body
+tiny_deployment = tiny_deployment_manifest
 
 
 def apply(kube: KubeApi, obj: JsonDict) -> JsonDict:

@@ -36,7 +36,13 @@ from disagg.cluster.local import free_ports
 from disagg.cluster.prometheus import PrometheusProcess, PrometheusSettings, start_prometheus
 from disagg.cluster.wait import WaitTimeout, wait_for
 from disagg.demo.harness import ClosedLoop, RunSettings, apply_object, wait_until
-from disagg.demo.scenario import DemoSettings, Phase, deployment_manifest, ratio_policy_manifest
+from disagg.demo.scenario import (
+    DemoSettings,
+    Phase,
+    deployment_manifest,
+    ratio_policy_manifest,
+    tiny_deployment_manifest,
+)
 from disagg.demo.traffic import PhaseReport, run_traffic
 from disagg.k8s.client import (
     DEPLOYMENT,
@@ -71,19 +77,8 @@ def example_deployment(namespace: str, name: str, example: Path = EXAMPLE) -> Js
 
 def small_deployment(namespace: str, name: str, gpu_type: str = "l40s") -> JsonDict:
     """A vLLM + NIXL deployment of one-GPU replicas (1 prefill, 1 decode) that kwok runs at once."""
-    selector = {"disagg.dev/gpu-type": gpu_type}
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggregatedDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
-            "engine": {"type": "vllm"},
-            "kvTransfer": {"connector": "nixl"},
-            "prefill": {"replicas": 1, "nodeSelector": selector},
-            "decode": {"replicas": 1, "nodeSelector": selector},
-        },
-    }
+    pool = {"replicas": 1, "nodeSelector": {"disagg.dev/gpu-type": gpu_type}}
+    return tiny_deployment_manifest(name, namespace, prefill=dict(pool), decode=dict(pool))
 
 
 def patch_spec(kube: KubeApi, namespace: str, name: str, spec: Mapping[str, Any]) -> None:

@@ -128,6 +128,24 @@ def model_spec(settings: DemoSettings) -> dict[str, Any]:
     return model
 
 
+def tiny_deployment_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """A small vLLM + NIXL deployment of one-GPU replicas (Qwen3-0.6B, prefill 1, decode 2) with ``spec``
+    keys merged over it: what the integration tests, the chaos cases and the apply bench run."""
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-0.6B", "source": {"huggingFace": {"id": "Qwen/Qwen3-0.6B"}}},
+            "engine": {"type": "vllm"},
+            "kvTransfer": {"connector": "nixl"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2},
+            **spec,
+        },
+    }
+
+
 def deployment_manifest(settings: DemoSettings) -> dict[str, Any]:
     """The demo's DisaggregatedDeployment: vLLM + NIXL, one GPU per replica, autoscaling on."""
     node_selector = {"disagg.dev/gpu-type": settings.gpu_type}
