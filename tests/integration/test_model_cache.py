@@ -153,6 +153,36 @@ def test_pools_wait_for_the_download_job_then_get_their_replicas(
     assert operator_process.alive()
 
 
+def test_a_second_deployment_creating_the_same_claim_is_degraded_and_the_first_keeps_it(
+    model_cache: ModelCachePlayer, kube: KubeApi, namespace: str, operator_process: OperatorProcess
+) -> None:
+    """Two deployments asking the operator to create one claim: the first owns it; the second is Degraded
+    (ModelCacheClaimTaken, naming the claim and its owner) instead of both rewriting its owner reference on
+    every reconcile, and creates no children."""
+    model_cache.provide_volume(cached_deployment("any", namespace), namespace)
+    kube.apply(cached_deployment("first", namespace), field_manager="disagg-tests", kind=DISAGG_DEPLOYMENT)
+    wait_held_at_zero(kube, namespace, "first")
+    owner = kube.get(DISAGG_DEPLOYMENT, namespace, "first")
+    assert owner is not None
+    kube.apply(cached_deployment("second", namespace), field_manager="disagg-tests", kind=DISAGG_DEPLOYMENT)
+    degraded = poll(
+        lambda: (
+            condition(kube, namespace, "second", "Degraded").get("status") == "True"
+            and condition(kube, namespace, "second", "Degraded")
+        ),
+        what="the second deployment Degraded",
+    )
+    assert degraded["reason"] == "ModelCacheClaimTaken", degraded
+    assert CLAIM in degraded["message"] and "first" in degraded["message"], degraded
+    # the claim keeps its owner; the second has no children
+    after = kube.get(PVC, namespace, CLAIM)
+    assert after is not None
+    refs = [r["uid"] for r in after["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    assert refs == [owner["metadata"]["uid"]]
+    assert kube.get(DEPLOYMENT, namespace, "second-decode") is None
+    assert operator_process.alive()
+
+
 def test_a_failed_download_job_degrades_with_a_warning_naming_it(
     model_cache: ModelCachePlayer, kube: KubeApi, namespace: str, operator_process: OperatorProcess
 ) -> None:

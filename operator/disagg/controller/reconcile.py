@@ -42,6 +42,7 @@ from disagg.k8s.client import (
     DISAGG_DEPLOYMENT,
     JOB,
     LEADERWORKERSET,
+    PVC,
     SERVICE,
     JsonDict,
     KubeApi,
@@ -308,6 +309,8 @@ class Reconciler:
                 keep.add(child_key(job))  # a Job's pod template is immutable: never re-applied
             children, replicas, problem = render(dd, cache)
             if problem is None:
+                problem = self._claim_taken(obj, dd)
+            if problem is None:
                 wanted = dict(effective_replicas(dd))  # it just succeeded inside render
                 stale = stale_decision(dd)
                 limited = scale_limit(dd)
@@ -378,6 +381,34 @@ class Reconciler:
             # (which fails, naming it) rather than taken for the download.
             job = found if found is not None and is_owned_by(found, str(uid)) else None
         return model_cache_state(dd, job, previous), job
+
+    def _claim_taken(self, obj: Mapping[str, Any], dd: DisaggregatedDeployment) -> Problem | None:
+        """A Problem when spec.model.cache.create names a claim another object controls (one GET).
+
+        Every DisaggregatedDeployment applies its children with the same field manager, so two creating
+        the same claim would each replace the other's owner reference on every reconcile, forever; the
+        second one is refused instead, with a reason the user can act on.
+        """
+        cache = dd.spec.model.cache
+        if cache is None or cache.create is None:
+            return None
+        try:
+            claim = self.api.get(PVC, dd.namespace, cache.claim_name)
+        except (ApiException, OSError) as error:
+            raise TransientError(f"reading PersistentVolumeClaim {cache.claim_name}: {error}") from error
+        if claim is None:
+            return None
+        uid = str((obj.get("metadata") or {}).get("uid"))
+        refs = (claim.get("metadata") or {}).get("ownerReferences") or []
+        other = next((r for r in refs if r.get("controller") and r.get("uid") != uid), None)
+        if other is None:
+            return None
+        return Problem(
+            "ModelCacheClaimTaken",
+            f"spec.model.cache.claimName {cache.claim_name!r} is controlled by {other.get('kind')} "
+            f"{other.get('name')!r}: name another claim to create, or leave out spec.model.cache.create to "
+            "mount that one as a claim you manage",
+        )
 
     def _live_children(self, obj: Mapping[str, Any]) -> dict[tuple[str, str], JsonDict]:
         try:
