@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 from disagg.api.common import describe_validation_error
 from disagg.api.deployment import DisaggregatedDeployment
-from disagg.api.owned import ARGS_RULE, OWNED_ENGINE_FLAGS, OWNED_FLAG_PATTERN, owned_flag
+from disagg.api.owned import (
+    ARGS_MESSAGE,
+    ARGS_RULES,
+    OWNED_ENGINE_FLAGS,
+    OWNED_FLAG_PATTERN,
+    OWNED_FLAG_PATTERNS,
+    owned_flag,
+)
 from disagg.controller.reconcile import validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +41,16 @@ def _deployment(**prefill: Any) -> dict[str, Any]:
         ('--kv-transfer-config={"kv_connector":"X"}', "--kv-transfer-config"),
         ("--port=9000", "--port"),
         ("-tp", "-tp"),
+        # vLLM's parser reads '_' as '-' in a flag's name and a dotted key as a key inside its JSON
+        ('--kv_transfer_config={"kv_connector":"X"}', "--kv-transfer-config"),
+        ("--kv_transfer_config", "--kv-transfer-config"),
+        ("--kv-transfer-config.kv_connector=X", "--kv-transfer-config"),
+        ("--kv_transfer-config.kv_role", "--kv-transfer-config"),
+        ("--tensor_parallel_size=4", "--tensor-parallel-size"),
+        ("--served_model_name", "--served-model-name"),
         ("--portal", None),  # a longer flag that merely starts like an owned one
+        ("--kv-transfer-configs", None),
+        ("--max_num_seqs=256", None),
         ("--max-num-seqs=256", None),
         ("--host-ip", None),
         ("8000", None),
@@ -49,8 +65,10 @@ def test_the_pattern_matches_exactly_the_owned_flags() -> None:
     for flag in OWNED_ENGINE_FLAGS:
         assert owned_flag(flag) == flag and owned_flag(f"{flag}=1") == flag, flag
         assert owned_flag(f"{flag}x") is None and owned_flag(f"x{flag}") is None, flag
-        assert flag in ARGS_RULE["message"]
-    assert OWNED_FLAG_PATTERN in ARGS_RULE["rule"]
+        assert flag in ARGS_MESSAGE
+    assert [rule["rule"] for rule in ARGS_RULES] == [
+        f"self.all(a, !a.matches('{pattern}'))" for pattern in OWNED_FLAG_PATTERNS
+    ]
     for near in ("-t", "--model-paths", "--tp-sizes", "--disaggregation-", "--kv", "-", "--"):
         assert owned_flag(near) is None, near
 

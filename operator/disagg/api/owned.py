@@ -57,14 +57,21 @@ OWNED_VOLUMES: dict[str, str] = {
 }
 ENGINE_CONTAINER = "engine"
 
-# The flags above in one pattern, the same in RE2 (CEL's matches) and Python: the flag alone or as
-# --flag=value. Factored by hand because the API server's cost estimate grows with the pattern's length
-# (the flat alternation exceeded the per-rule budget over 128 args of 4096 characters);
-# tests/unit/test_api_owned.py checks it matches exactly these flags.
-OWNED_FLAG_PATTERN = (
-    "^-(tp|-(kv-transfer-config|served-model-name|model(-path)?|tensor-parallel-size|tp(-size)?|host|port"
-    "|shutdown-timeout|disaggregation-(mode|transfer-backend|bootstrap-port)))(=|$)"
+# The flags above as patterns, the same in RE2 (CEL's matches) and Python: the flag alone, as
+# --flag=value, and in the other spellings vLLM's argument parser reads as the same flag: underscores for
+# dashes (--kv_transfer_config) and a dotted key into a JSON flag (--kv-transfer-config.kv_role=x):
+# FlexibleArgumentParser.parse_args turns '_' into '-' between the leading '--' and the first '.', and
+# sets a dotted key inside the flag's JSON (vllm/utils/argparse_utils.py). Two patterns, each a rule of
+# its own, factored by hand: the API server's cost estimate of a rule grows with its pattern's length (one
+# pattern of every flag and spelling exceeded the per-rule budget over 128 args of 4096 characters by
+# 1.15x); tests/unit/test_api_owned.py checks they match exactly these flags and spellings.
+OWNED_FLAG_PATTERNS = (
+    "^--(kv[-_]transfer[-_]config|served[-_]model[-_]name|model([-_]path)?|tensor[-_]parallel[-_]size)"
+    "([=.]|$)",
+    "^-(tp|-(tp([-_]size)?|host|port|shutdown[-_]timeout"
+    "|disaggregation[-_](mode|transfer[-_]backend|bootstrap[-_]port)))([=.]|$)",
 )
+OWNED_FLAG_PATTERN = "|".join(f"({pattern})" for pattern in OWNED_FLAG_PATTERNS)
 _OWNED_FLAG_RE = re.compile(OWNED_FLAG_PATTERN)
 
 
@@ -72,11 +79,14 @@ def _cel_list(names: Sequence[str]) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
 
 
-ARGS_RULE: dict[str, Any] = {
-    "rule": f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
-    "message": f"must not set a flag the operator sets from the spec ({', '.join(OWNED_ENGINE_FLAGS)}): "
-    "set the spec field instead (docs/deployment.md, What the operator owns)",
-}
+ARGS_MESSAGE = (
+    f"must not set a flag the operator sets from the spec ({', '.join(OWNED_ENGINE_FLAGS)}): set the spec "
+    "field instead (docs/deployment.md, What the operator owns)"
+)
+ARGS_RULES: list[dict[str, Any]] = [
+    {"rule": f"self.all(a, !a.matches('{pattern}'))", "message": ARGS_MESSAGE}
+    for pattern in OWNED_FLAG_PATTERNS
+]
 ENV_RULE: dict[str, Any] = {
     "rule": f"self.all(e, !(e.name in {_cel_list(list(OWNED_ENGINE_ENV))}))",
     "message": f"must not set an environment variable the operator sets ({', '.join(OWNED_ENGINE_ENV)}); "
@@ -85,9 +95,12 @@ ENV_RULE: dict[str, Any] = {
 
 
 def owned_flag(arg: str) -> str | None:
-    """The owned flag ``arg`` sets (``--port`` or ``--port=1``), None when it sets none."""
-    match = _OWNED_FLAG_RE.match(arg)
-    return arg.split("=", 1)[0] if match else None
+    """The owned flag ``arg`` sets, as :data:`OWNED_ENGINE_FLAGS` spells it (``--port`` for ``--port``,
+    ``--port=1`` or ``--kv_transfer_config.kv_role=x``'s ``--kv-transfer-config``), None when it sets none."""
+    if _OWNED_FLAG_RE.match(arg) is None:
+        return None
+    flag = re.split("[=.]", arg, maxsplit=1)[0]
+    return flag if not flag.startswith("--") else flag.replace("_", "-")
 
 
 def check_args(args: list[str]) -> list[str]:
@@ -148,7 +161,7 @@ def _checked_pod_template(template: dict[str, Any]) -> dict[str, Any]:
 
 
 EngineArgList = Annotated[
-    ArgList, AfterValidator(check_args), Field(json_schema_extra={"x-kubernetes-validations": [ARGS_RULE]})
+    ArgList, AfterValidator(check_args), Field(json_schema_extra={"x-kubernetes-validations": ARGS_RULES})
 ]
 """Extra engine arguments: any but the flags the operator owns (refused at admission, naming the field)."""
 EngineEnvList = Annotated[
