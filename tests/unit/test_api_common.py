@@ -73,8 +73,8 @@ def test_each_field_merges_as_documented() -> None:
     prefill, decode = dd.spec.role("prefill"), dd.spec.role("decode")
     assert prefill.node_selector == {"pool": "gpu", "disagg.dev/gpu-type": "h100"}
     assert decode.node_selector == {"pool": "gpu", "disagg.dev/gpu-type": "h200"}  # the pool's wins
-    assert prefill.tolerations == [TOLERATION_A]
-    assert decode.tolerations == [TOLERATION_A, TOLERATION_B]  # common's first
+    assert [t.to_api() for t in prefill.tolerations or []] == [TOLERATION_A]
+    assert [t.to_api() for t in decode.tolerations or []] == [TOLERATION_A, TOLERATION_B]  # common's first
     assert prefill.affinity == AFFINITY_COMMON and decode.affinity == AFFINITY_DECODE  # replaced whole
     assert _env(dd, "prefill") == [{"name": "A", "value": "common"}, {"name": "B", "value": "common"}]
     # by name, the pool's value in common's position, the pool's new ones after
@@ -84,7 +84,8 @@ def test_each_field_merges_as_documented() -> None:
         {"name": "C", "value": "decode"},
     ]
     # the fields as written are untouched
-    assert dd.spec.decode.tolerations == [TOLERATION_B] and dd.spec.prefill.node_selector is None
+    assert [t.to_api() for t in dd.spec.decode.tolerations or []] == [TOLERATION_B]
+    assert dd.spec.prefill.node_selector is None
 
 
 def test_an_empty_affinity_on_a_pool_drops_commons() -> None:

@@ -82,9 +82,10 @@ def test_defaults_and_enums_reach_the_schema() -> None:
     assert spec["prefill"]["default"] == {} and spec["prefill"]["properties"]["replicas"]["default"] == 1
     assert spec["router"]["properties"]["port"]["default"] == 8000
     assert spec["autoscaling"]["properties"]["maxGPUs"]["type"] == "integer"
-    assert (
-        spec["prefill"]["properties"]["tolerations"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
-    )
+    # typed, so a toleration the pods would be refused for (operator "Exist") is refused at admission
+    toleration = spec["prefill"]["properties"]["tolerations"]["items"]
+    assert toleration["properties"]["operator"]["enum"] == ["Exists", "Equal"]
+    assert "x-kubernetes-preserve-unknown-fields" not in toleration
     assert spec["prefill"]["properties"]["podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
     limits = spec["prefill"]["properties"]["resources"]["properties"]["limits"]
     assert limits["additionalProperties"] == {

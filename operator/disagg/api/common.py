@@ -8,6 +8,7 @@ rendered children).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self
@@ -64,17 +65,59 @@ QUANTITY_SCHEMA: dict[str, Any] = {"x-kubernetes-int-or-string": True, "pattern"
 Quantity = Annotated[int | str, AfterValidator(_quantity), WithJsonSchema(QUANTITY_SCHEMA)]
 """A Kubernetes resource quantity: an integer or a string like ``"64Gi"`` or ``"500m"``."""
 
+# Label keys and values as the API server checks them in a pod's nodeSelector (k8s.io/apimachinery
+# pkg/util/validation: IsQualifiedName, a DNS-1123 subdomain prefix of at most 253 characters and a name of
+# at most 63; IsValidLabelValue, at most 63): a nodeSelector the pod would be refused for is refused here,
+# naming the field, instead of every apply of the pool failing.
+LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY_PATTERN = rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{LABEL_NAME}$"
+LABEL_VALUE_PATTERN = rf"^({LABEL_NAME})?$"
+LABEL_KEY_HELP = (
+    "a label key: an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at "
+    "most 63 alphanumerics, '-', '_' or '.' that starts and ends with an alphanumeric"
+)
+LABEL_VALUE_HELP = (
+    "a label value: empty, or at most 63 alphanumerics, '-', '_' or '.' that starts and ends with an "
+    "alphanumeric"
+)
+_LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
+_LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
+
+
+def label_key_problem(key: str) -> str | None:
+    if _LABEL_KEY_RE.match(key) is None or len(key.rpartition("/")[0]) > MAX_NAME_LENGTH:
+        return f"{key!r} is not {LABEL_KEY_HELP}"
+    return None
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    for key, item in value.items():
+        problem = label_key_problem(key)
+        if problem is not None:
+            raise ValueError(problem)
+        if _LABEL_VALUE_RE.match(item) is None:
+            raise ValueError(f"{key}: {item!r} is not {LABEL_VALUE_HELP}")
+    return value
+
+
 StringMap = Annotated[
     dict[str, str],
+    AfterValidator(_labels),
     WithJsonSchema(
         {
             "type": "object",
             "maxProperties": MAX_MAP_ENTRIES,
-            "additionalProperties": {"type": "string", "maxLength": 1024},
+            "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))",
+                    "message": f"every key must be {LABEL_KEY_HELP}",
+                }
+            ],
         }
     ),
 ]
-"""A map of strings (labels, node selectors)."""
+"""A map of label keys to label values (node selectors), checked as the API server checks a pod's."""
 
 QuantityMap = Annotated[
     dict[str, Quantity],
@@ -165,13 +208,105 @@ class LocalObjectReference(ApiModel):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of the referenced object.")
 
 
+# What a pod's env secretKeyRef must name (k8s.io/kubernetes pkg/apis/core/validation,
+# validateSecretKeySelector): a Secret's name (a DNS-1123 subdomain) and a key (IsConfigMapKey).
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the same namespace."""
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of the Secret.")
-    key: str = Field(
-        default="token", min_length=1, max_length=MAX_NAME_LENGTH, description="Key within the Secret."
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=DNS1123_SUBDOMAIN,
+        description="Name of the Secret (a DNS-1123 subdomain).",
     )
+    key: str = Field(
+        default="token",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=CONFIG_MAP_KEY,
+        description="Key within the Secret (alphanumerics, '-', '_' or '.').",
+    )
+
+
+# A pod's tolerations as the API server checks them (k8s.io/kubernetes pkg/apis/core/validation,
+# ValidateTolerations): each rule below is one of its checks, so a toleration the pods would be refused
+# for is refused at admission, naming the field, instead of every apply of the pool failing.
+TOLERATION_EMPTY_KEY = "operator must be Exists when key is empty (which tolerates every taint)"
+TOLERATION_SECONDS = "tolerationSeconds needs effect NoExecute"
+TOLERATION_EXISTS_VALUE = "value must be empty when operator is Exists"
+
+
+class Toleration(ApiModel):
+    """A pod toleration (Kubernetes form)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.key) && self.key != '') || (has(self.operator) && "
+                    "self.operator == 'Exists')",
+                    "message": TOLERATION_EMPTY_KEY,
+                    "fieldPath": ".operator",
+                },
+                {
+                    "rule": "!has(self.tolerationSeconds) || "
+                    "(has(self.effect) && self.effect == 'NoExecute')",
+                    "message": TOLERATION_SECONDS,
+                    "fieldPath": ".effect",
+                },
+                {
+                    "rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || "
+                    "self.value == ''",
+                    "message": TOLERATION_EXISTS_VALUE,
+                    "fieldPath": ".value",
+                },
+            ]
+        }
+    )
+
+    key: str | None = Field(
+        default=None,
+        max_length=317,
+        pattern=rf"({LABEL_KEY_PATTERN})|^$",
+        description="Taint key the toleration applies to (a label key); empty with operator Exists: all.",
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default Equal)."
+    )
+    value: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description="Taint value to match with operator Equal (a label value).",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = Field(
+        default=None, description="Taint effect to match (empty: all effects)."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="With effect NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Self:
+        if not self.key and self.operator != "Exists":
+            raise ValueError(TOLERATION_EMPTY_KEY)
+        if self.key and label_key_problem(self.key) is not None:
+            raise ValueError(f"key {label_key_problem(self.key)}")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(TOLERATION_SECONDS)
+        if self.operator == "Exists" and self.value:
+            raise ValueError(TOLERATION_EXISTS_VALUE)
+        return self
+
+
+TolerationList = Annotated[list[Toleration], Field(max_length=MAX_LIST_ITEMS)]
 
 
 # Source: metav1.Condition in k8s.io/apimachinery/pkg/apis/meta/v1/types.go,

@@ -35,12 +35,12 @@ from disagg.api.common import (
     ApiModel,
     ArgList,
     EnvList,
-    FreeFormList,
     FreeFormObject,
     LocalObjectReference,
     ResourceRequirements,
     SecretKeyRef,
     StringMap,
+    TolerationList,
 )
 from disagg.api.owned import EngineArgList, EngineEnvList, PodTemplateOverride
 from disagg.api.podtemplate import deep_merge
@@ -635,7 +635,7 @@ class RoleSpec(ApiModel):
         default=None,
         description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.",
     )
-    tolerations: FreeFormList | None = Field(default=None, description="Pod tolerations (Kubernetes form).")
+    tolerations: TolerationList | None = Field(default=None, description="Pod tolerations (Kubernetes form).")
     affinity: FreeFormObject | None = Field(default=None, description="Pod affinity (Kubernetes form).")
     args: EngineArgList = Field(
         default_factory=list, description="Extra engine arguments for this pool only."
@@ -781,7 +781,7 @@ class CommonSpec(ApiModel):
         description="Node labels both pools' pods require, merged key by key with a pool's nodeSelector "
         "(the pool's value wins for a key both set).",
     )
-    tolerations: FreeFormList | None = Field(
+    tolerations: TolerationList | None = Field(
         default=None,
         description="Pod tolerations (Kubernetes form) of both pools, followed by a pool's own "
         "(concatenated, common's first).",
@@ -996,7 +996,7 @@ class RouterSpec(ApiModel):
     port: int = Field(default=8000, ge=1, le=65535, description="Port of the router Service and container.")
     resources: ResourceRequirements | None = Field(default=None, description="Router container resources.")
     node_selector: StringMap | None = Field(default=None, description="Node labels the router requires.")
-    tolerations: FreeFormList | None = Field(default=None, description="Router pod tolerations.")
+    tolerations: TolerationList | None = Field(default=None, description="Router pod tolerations.")
 
     @model_validator(mode="after")
     def _type_fields(self) -> Self:

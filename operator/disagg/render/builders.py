@@ -209,7 +209,7 @@ def build_engine_pod_template(
     if role_spec.node_selector:
         pod_spec["nodeSelector"] = dict(role_spec.node_selector)
     if role_spec.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(role_spec.tolerations)
+        pod_spec["tolerations"] = [t.to_api() for t in role_spec.tolerations]
     if role_spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
     template: Obj = {
@@ -427,7 +427,7 @@ def build_router_deployment(
     if router.node_selector:
         pod_spec["nodeSelector"] = dict(router.node_selector)
     if router.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(router.tolerations)
+        pod_spec["tolerations"] = [t.to_api() for t in router.tolerations]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

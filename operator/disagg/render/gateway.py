@@ -393,7 +393,7 @@ def build_epp_deployment(dd: DisaggregatedDeployment, settings: RenderSettings =
     if router.node_selector:
         pod_spec["nodeSelector"] = dict(router.node_selector)
     if router.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(router.tolerations)
+        pod_spec["tolerations"] = [t.to_api() for t in router.tolerations]
     # The EPP reads its configuration once at start: a changed one rolls the pods.
     config_hash = hashlib.sha256(epp_config_text(dd).encode()).hexdigest()[:16]
     return {
