@@ -178,6 +178,7 @@ class ModelCacheCreate(ApiModel):
         default=None,
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=DNS1123_SUBDOMAIN,  # what the API server requires of a claim's storageClassName
         description="StorageClass of the claim (default: the cluster's default StorageClass). It must "
         "provision volumes with the access mode below.",
     )
