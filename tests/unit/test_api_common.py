@@ -200,3 +200,26 @@ def test_a_common_pod_template_taking_the_operators_volumes_or_env_is_degraded(
     assert problem.reason == "InvalidSpec" and not problem.transient
     assert problem.message.startswith("spec.common.podTemplate: ")
     assert where in problem.message and "operator" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("requests", "limits", "expected"),
+    [
+        ({"example.com/foo": "1"}, {}, "limits['example.com/foo'] must be set"),
+        ({"hugepages-2Mi": "500m", "memory": "1Gi"}, {"hugepages-2Mi": "500m"}, "whole multiple of 2Mi"),
+        ({"cpu": "48"}, {"cpu": "1"}, "requests['cpu'] (48) must not exceed limits['cpu'] (1)"),
+        ({"foo": "1"}, {}, "requests['foo']: not a container resource"),
+        ({"example.com/foo": "0.5"}, {"example.com/foo": "0.5"}, "must be a whole number"),
+        ({"cpu": "32", "memory": "256Gi"}, {"memory": "384Gi"}, None),
+        ({"nvidia.com/gpu": "4"}, {}, None),  # the operator sets the GPU limit itself
+    ],
+)
+def test_container_resources_the_api_server_would_refuse_are_refused(
+    requests: dict[str, str], limits: dict[str, str], expected: str | None
+) -> None:
+    """The API server's container resource rules (found by tests/integration/test_hostile_input.py: the
+    CRD accepted these, and every apply of the pool failed)."""
+    from disagg.api.common import resources_problem
+
+    problem = resources_problem(requests, limits)
+    assert (problem is None) if expected is None else (problem is not None and expected in problem), problem

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from disagg.api.quantity import QUANTITY_HELP, QUANTITY_PATTERN, is_quantity
+from disagg.api.quantity import QUANTITY_HELP, QUANTITY_PATTERN, is_quantity, quantity_value
 
 API_GROUP = "disagg.dev"
 API_VERSION = "v1alpha1"
@@ -200,6 +200,69 @@ class ResourceRequirements(ApiModel):
     limits: QuantityMap | None = Field(
         default=None, description="Maximum resources allowed, e.g. {memory: 128Gi, nvidia.com/gpu: 8}."
     )
+
+    @model_validator(mode="after")
+    def _container_rules(self) -> Self:
+        problem = resources_problem(self.requests or {}, self.limits or {})
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+# A container's resources as the API server checks them (k8s.io/kubernetes pkg/apis/core/validation,
+# ValidateContainerResourceRequirements): the CRD keeps any quantity map, so a container the pods would be
+# refused for is refused by the model (the operator sets Degraded, InvalidSpec, naming the field) instead
+# of every apply of the pool failing. The GPU count is the operator's to pair (it sets both).
+STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+HUGEPAGES_PREFIX = "hugepages-"
+OPERATOR_PAIRED_RESOURCES = ("nvidia.com/gpu",)
+
+
+def _native(name: str) -> bool:
+    return "/" not in name or name.startswith("kubernetes.io/")
+
+
+def resources_problem(requests: Mapping[str, int | str], limits: Mapping[str, int | str]) -> str | None:
+    """Why the API server would refuse a container with these requests and limits, or None."""
+    for kind, values in (("requests", requests), ("limits", limits)):
+        for name, value in values.items():
+            where = f"{kind}[{name!r}]"
+            huge = name.startswith(HUGEPAGES_PREFIX)
+            if huge:
+                size = name.removeprefix(HUGEPAGES_PREFIX)
+                try:
+                    page = quantity_value(size)
+                except ValueError:
+                    return f"{where}: {size!r} is no page size"
+                if page <= 0 or quantity_value(value) % page != 0:
+                    return f"{where}: {value} is not a positive whole multiple of {size}"
+            elif not _native(name):
+                if label_key_problem(name) is not None or name.startswith("requests."):
+                    return f"{where}: not a resource name (a fully qualified name such as nvidia.com/gpu)"
+                if quantity_value(value) != int(quantity_value(value)):
+                    return f"{where}: {value} must be a whole number ({name} is an extended resource)"
+            elif name not in STANDARD_CONTAINER_RESOURCES:
+                return (
+                    f"{where}: not a container resource ({', '.join(STANDARD_CONTAINER_RESOURCES)}, "
+                    f"{HUGEPAGES_PREFIX}<page size> or a fully qualified name such as nvidia.com/gpu)"
+                )
+    names = {*requests, *limits}
+    if any(n.startswith(HUGEPAGES_PREFIX) for n in names) and not names & {"cpu", "memory"}:
+        return f"{HUGEPAGES_PREFIX}<page size> needs a cpu or memory request or limit as well"
+    for name, request in requests.items():
+        overcommit = _native(name) and not name.startswith(HUGEPAGES_PREFIX)
+        if name not in limits:
+            if not overcommit and name not in OPERATOR_PAIRED_RESOURCES:
+                return (
+                    f"limits[{name!r}] must be set: {name} can't be overcommitted (set it equal to requests)"
+                )
+            continue
+        want, have = quantity_value(request), quantity_value(limits[name])
+        if not overcommit and want != have and name not in OPERATOR_PAIRED_RESOURCES:
+            return f"requests[{name!r}] ({request}) must equal limits[{name!r}] ({limits[name]})"
+        if want > have:
+            return f"requests[{name!r}] ({request}) must not exceed limits[{name!r}] ({limits[name]})"
+    return None
 
 
 class LocalObjectReference(ApiModel):
