@@ -477,8 +477,12 @@ def test_autoscaler_desired_replicas_reach_the_pools(
 def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_working(
     kube: KubeApi, namespace: str, operator_process: OperatorProcess
 ) -> None:
-    # The CRD accepts any string map as a node selector; the API server rejects the Deployment built from it.
-    bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "nodeSelector": {"not a label!": "x"}})
+    # podTemplate is free-form and only the API server checks an affinity in it: the CRD and the model accept
+    # a node-affinity operator that is none, the API server rejects the Deployment built from it.
+    term = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    template = {"spec": {"affinity": affinity}}
+    bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "podTemplate": template})
     apply(kube, bad)
 
     def degraded() -> JsonDict | None:
@@ -488,7 +492,7 @@ def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_work
 
     found = poll(degraded, what="broken Degraded")
     assert found["reason"] == "ApplyFailed"
-    assert "nodeSelector" in found["message"], found["message"]
+    assert "affinity" in found["message"], found["message"]
     obj = get_dd(kube, namespace, "broken")
     assert condition(obj, "Ready")["status"] == "False"
     assert condition(obj, "Progressing")["reason"] == "Blocked"
@@ -496,7 +500,7 @@ def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_work
         lambda: [e for e in events_for(kube, namespace, "broken") if e["type"] == "Warning"],
         what="a Warning Event on broken",
     )
-    assert any(e["reason"] == "ApplyFailed" and "nodeSelector" in e["message"] for e in warnings)
+    assert any(e["reason"] == "ApplyFailed" and "affinity" in e["message"] for e in warnings)
 
     # the operator is alive and still reconciles other objects
     apply(kube, tiny_deployment("healthy", namespace))
