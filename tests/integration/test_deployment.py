@@ -480,7 +480,9 @@ def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_work
     # podTemplate is free-form and only the API server checks an affinity in it: the CRD and the model accept
     # a node-affinity operator that is none, the API server rejects the Deployment built from it.
     term = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    }
     template = {"spec": {"affinity": affinity}}
     bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "podTemplate": template})
     apply(kube, bad)

@@ -1,0 +1,149 @@
+"""Tune the ``model-based`` ratio policy on the training families only (issue 11's protocol).
+
+Each candidate is a set of RatioPolicy spec overrides (JSON, camelCase as in the object); every candidate
+runs every training case from both starts, and is compared against the references ``policy_goodput.py``
+computed for the same cases (its ``--json`` output: the best static split and the schedule known ahead).
+The test families and the shared traces are never read here: report them with ``policy_goodput.py``
+after choosing.
+
+    python bench/tune_policy.py --references /tmp/train.json \\
+        --candidate '{}' --candidate '{"modelBased": {"targetUtilization": 0.92}}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from policy_goodput import (
+    RatioController,
+    Setup,
+    TraceCase,
+    case_sets,
+    evaluate,
+    ratio_policy,
+    references,
+)
+
+# where policy_goodput.py --reference-cache keeps the hindsight schedules (the warm start is its first window)
+REFERENCE_CACHE = Path.home() / ".cache" / "disagg" / "bench-ref"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: str
+    start: str
+    attainment: float
+    static_ratio: float | None
+    schedule_ratio: float | None
+    reversals_max_h: int
+    static_meets: bool
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def set_constants(assignments: str) -> None:
+    """``module.NAME=value;...`` (value a Python literal): a policy constant set for this process, so a
+    module-level constant is tuned like a spec field."""
+    for item in filter(None, (a.strip() for a in assignments.split(";"))):
+        target, value = item.split("=", 1)
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(f"disagg.policy.{module}")
+        if not hasattr(mod, name):
+            raise SystemExit(f"no constant {name} in disagg.policy.{module}")
+        setattr(mod, name, ast.literal_eval(value))
+
+
+def run_one(args: tuple[TraceCase, str, str, dict[str, Any]]) -> Outcome:
+    case, start, candidate, ref = args
+    overrides, _, constants = candidate.partition(" | ")
+    set_constants(constants)
+    setup = Setup()
+    reqs = case.requests()
+    schedule, _ = references(reqs, case, setup, REFERENCE_CACHE)
+    first = schedule[0][2] if schedule else None
+    if start == "warm" and first:
+        setup = replace(setup, start_prefill=first[0], start_decode=first[1])
+    spec = ratio_policy(case, **_merge({"algorithm": "model-based"}, json.loads(overrides)))
+    result = setup.run(setup.deployment(), reqs, RatioController(spec, setup.bounds()))
+    row = evaluate("model-based", result, case, setup, None)
+    static, sched = ref["best_static"], (ref["schedule_known_ahead"] or {}).get(start)
+    return Outcome(
+        case.name,
+        start,
+        row.attainment,
+        row.gpu_hours / static["gpu_hours"] if static else None,
+        row.gpu_hours / sched["gpu_hours"] if sched else None,
+        row.reversals_max_h,
+        bool(static and static["attainment"] >= 0.9),
+    )
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    att = min((o.attainment for o in outcomes if o.static_meets), default=float("nan"))
+    st = [o.static_ratio for o in outcomes if o.static_ratio]
+    sc = [o.schedule_ratio for o in outcomes if o.schedule_ratio]
+    misses = sum(
+        (o.static_meets and o.attainment < 0.9)
+        + bool(o.static_ratio and o.static_ratio > 1.0)
+        + bool(o.schedule_ratio and o.schedule_ratio > 1.1)
+        + (o.reversals_max_h > 2)
+        for o in outcomes
+    )
+    below = sum(o.static_meets and o.attainment < 0.9 for o in outcomes)
+    return (
+        f"worst SLO {att:6.1%}  /static worst {max(st):.2f} mean {sum(st) / len(st):.2f}  "
+        f"/sched worst {max(sc):.2f} mean {sum(sc) / len(sc):.2f}  rev/h worst "
+        f"{max(o.reversals_max_h for o in outcomes)}  misses {misses} ({below} attainment)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--references", type=Path, required=True, help="policy_goodput.py --set train --json output"
+    )
+    ap.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        help="RatioPolicy spec overrides (JSON), optionally followed by ' | module.CONSTANT=value;...'",
+    )
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--detail", action="store_true", help="print every case")
+    args = ap.parse_args(argv)
+    refs_json = json.loads(args.references.read_text())
+    refs = {c["case"]: c for c in refs_json["cases"] if c["set"] == "train"}
+    cases = [c for c in case_sets(["train"])["train"] if c.name in refs]
+    candidates = args.candidate or ["{}"]
+    for cand in candidates:
+        jobs = [(c, s, cand, refs[c.name]) for c in cases for s in ("cold", "warm")]
+        with ProcessPoolExecutor(args.jobs) as pool:
+            outcomes = list(pool.map(run_one, jobs))
+        print(f"{cand}\n  {summary(outcomes)}", flush=True)
+        if args.detail:
+            for o in outcomes:
+                print(
+                    f"    {o.case:<24} {o.start:<5} {o.attainment:6.1%} /static {o.static_ratio or 0:.2f} "
+                    f"/sched {o.schedule_ratio or 0:.2f} rev/h {o.reversals_max_h}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
