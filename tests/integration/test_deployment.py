@@ -8,8 +8,10 @@ the operator keeps serving other objects.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ from disagg.k8s.client import (
     DISAGG_DEPLOYMENT,
     EVENT,
     MERGE_PATCH,
+    POD,
     RATIO_POLICY,
     SERVICE,
     JsonDict,
@@ -546,6 +549,80 @@ def test_a_pod_template_taking_the_operators_volume_is_degraded_naming_the_field
 
 KOPF_PEERING_CRDS = ROOT / "charts" / "disagg-operator" / "crds" / "kopf-peering.yaml"
 KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
+
+
+def test_the_hugging_face_token_never_leaves_its_secret(
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess, k8s_api: Any
+) -> None:
+    """A canary token in the Secret a deployment names: the pods reference it (secretKeyRef), and neither
+    it nor its base64 appears in the operator's log or metrics, an Event, a DisaggregatedDeployment
+    (spec, status, kopf's annotations) or any child or pod, on the paths that report an object: Ready,
+    Degraded with InvalidSpec, and ApplyFailed (the API server's refusal, which the operator logs and
+    puts in the condition and the Event)."""
+    from kubernetes import client
+
+    canary = f"hf_canary_{namespace[-6:]}_do_not_log"
+    encoded = base64.b64encode(canary.encode()).decode()
+    client.CoreV1Api(k8s_api).create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="hf-canary"), string_data={"token": canary}),
+    )
+    source = {
+        "huggingFace": {"id": "Qwen/Qwen3-0.6B", "tokenSecretRef": {"name": "hf-canary", "key": "token"}}
+    }
+    model = {"name": "Qwen/Qwen3-0.6B", "source": source}
+    apply(kube, tiny_deployment_manifest("canary", namespace, model=model))
+    obj = get_dd(kube, namespace, "canary")
+    kids = wait_children(kube, obj)
+    wait_ready(kube, namespace, "canary")
+    shm = {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}
+    apply(
+        kube, tiny_deployment_manifest("canary-invalid", namespace, model=model, prefill={"podTemplate": shm})
+    )
+    term = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
+    refused = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            }
+        }
+    }
+    apply(
+        kube,
+        tiny_deployment_manifest("canary-refused", namespace, model=model, prefill={"podTemplate": refused}),
+    )
+    for name, reason in (("canary-invalid", "InvalidSpec"), ("canary-refused", "ApplyFailed")):
+
+        def degraded(name: str = name) -> JsonDict | None:
+            found = condition(get_dd(kube, namespace, name), "Degraded")
+            return found if found.get("status") == "True" else None
+
+        assert poll(degraded, what=f"{name} Degraded")["reason"] == reason
+        poll(lambda name=name: events_for(kube, namespace, name), what=f"an Event on {name}")
+
+    # the token is wired, so the absence below is not vacuous
+    engine_env = [
+        env
+        for child in kids.values()
+        if child["kind"] == "Deployment"
+        for container in child["spec"]["template"]["spec"]["containers"]
+        for env in container.get("env", [])
+        if env["name"] == "HF_TOKEN"
+    ]
+    assert engine_env, "no container takes HF_TOKEN"
+    assert all(e["valueFrom"] == {"secretKeyRef": {"name": "hf-canary", "key": "token"}} for e in engine_env)
+
+    places: dict[str, str] = {"operator log": operator_process.log_path.read_text(errors="replace")}
+    with urllib.request.urlopen(operator_process.metrics_url, timeout=5) as response:
+        places["operator metrics"] = response.read().decode()
+    for kind in (*CHILD_KINDS, DISAGG_DEPLOYMENT, EVENT, POD):
+        for found in kube.list(kind, namespace):
+            places[f"{found['kind']}/{found['metadata']['name']}"] = json.dumps(found)
+    assert len(places) > 15, sorted(places)
+    leaks = [where for where, text in places.items() if canary in text or encoded in text]
+    assert leaks == [], f"the token appears in {leaks}"
 
 
 def test_peered_replicas_fail_over(kube: KubeApi, namespace: str, operator_factory: OperatorFactory) -> None:
