@@ -1,5 +1,5 @@
 """Chaos on the local control plane, the operator as its own process (disagg.chaos.cases): the operator
-SIGKILLed mid-rollout, the API server down, Prometheus down, an idle operator's writes, scale-downs under
+SIGKILLed mid-rollout, the API server down, etcd down, Prometheus down, an idle operator's writes, scale-downs under
 streaming traffic through the released router.
 
 Each case prints its figures (``chaos <case>: ...``, shown with ``pytest -s`` and in a failing test's
@@ -16,6 +16,7 @@ from disagg.chaos import CaseResult, ChaosCluster
 from disagg.chaos.cases import (
     IdleWritesSettings,
     apiserver_outage,
+    etcd_outage,
     idle_writes,
     operator_killed,
     prometheus_outage,
@@ -47,6 +48,15 @@ def test_the_operator_applies_changes_after_the_api_server_comes_back(
 ) -> None:
     result = apiserver_outage(chaos_cluster)
     report(result, record_property)
+    assert result.passed, result.line()
+
+
+def test_the_operator_applies_changes_after_etcd_comes_back(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = etcd_outage(chaos_cluster)
+    report(result, record_property)
+    assert result.figures["tracebacks"] == 0, result.line()
     assert result.passed, result.line()
 
 
