@@ -1,6 +1,6 @@
 """Chaos on the local control plane, the operator as its own process (disagg.chaos.cases): the operator
-SIGKILLed mid-rollout, the API server down, etcd down, Prometheus down, an idle operator's writes, scale-downs under
-streaming traffic through the released router.
+SIGKILLed mid-rollout, the API server down, etcd down, Prometheus down, an idle operator's writes,
+scale-downs under streaming traffic through the released router.
 
 Each case prints its figures (``chaos <case>: ...``, shown with ``pytest -s`` and in a failing test's
 report) and a JSON line; bench/chaos_report.py runs the same cases and prints them as a table. What is
