@@ -17,6 +17,7 @@ from disagg.chaos.cases import (
     IdleWritesSettings,
     apiserver_outage,
     etcd_outage,
+    ha_failover,
     idle_writes,
     operator_killed,
     prometheus_outage,
@@ -57,6 +58,20 @@ def test_the_operator_applies_changes_after_etcd_comes_back(
     result = etcd_outage(chaos_cluster)
     report(result, record_property)
     assert result.figures["tracebacks"] == 0, result.line()
+    assert result.passed, result.line()
+
+
+def test_a_standby_operator_takes_over_and_steps_back_without_double_writes(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = ha_failover(chaos_cluster)
+    report(result, record_property)
+    assert isinstance(result.figures["spec_changes"], int) and result.figures["spec_changes"] > 0
+    assert result.figures["standby_writes_while_leading"] == 0, result.line()
+    # the counters it is judged by do count its writes once it acts
+    assert isinstance(result.figures["standby_writes_while_leader_down"], int)
+    assert result.figures["standby_writes_while_leader_down"] > 0, result.line()
+    assert result.figures["standby_writes_after_return"] == 0, result.line()
     assert result.passed, result.line()
 
 

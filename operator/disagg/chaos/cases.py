@@ -14,16 +14,19 @@ import random
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from disagg.chaos.harness import (
     FIELD_MANAGER,
+    RESYNC_INTERVAL_S,
     CaseResult,
     ChaosCluster,
     OperatorRun,
@@ -52,6 +55,7 @@ from disagg.k8s.client import (
     POD,
     RATIO_POLICY,
     JsonDict,
+    Kind,
     KubeApi,
 )
 from disagg.twin.live.load import LoadReport
@@ -317,6 +321,175 @@ def component_outage(cc: ChaosCluster, component: str, settings: ApiOutageSettin
     finally:
         operator.stop()
         cc.drop_namespace(ns)
+
+
+# -- 2b. HA: the leader of two peered operators SIGKILLed while deployments change ---------------------
+KOPF_PEERING_CRDS = ROOT / "charts" / "disagg-operator" / "crds" / "kopf-peering.yaml"
+KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
+
+
+@dataclass(frozen=True)
+class FailoverSettings:
+    deployments: int = 6
+    peering_lifetime_s: int = 10
+    churn_every_s: float = 0.5  # a spec change to one of the deployments this often, all case long
+    overlap_s: float = 15.0  # both operators up, the leader acting, before the kill
+    after_return_s: float = 15.0  # the killed leader restarted: the standby must pause again
+    resume_timeout_s: float = 120.0
+
+
+def _operator_writes(metrics_url: str) -> float:
+    """Children changed plus status patches, by the operator's own counters."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("disagg_operator_child_changes_total", "disagg_operator_status_writes_total")):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def ha_failover(cc: ChaosCluster, settings: FailoverSettings = FailoverSettings()) -> CaseResult:
+    """Two operators peered through a KopfPeering (priorities 20 and 10), spec changes to the deployments
+    every ``churn_every_s`` all along. While the leader runs, the standby must write nothing; the leader
+    is SIGKILLed (its peering record stays until it expires) and a change made at that moment must be
+    applied by the standby (time to resume, target: the peering lifetime plus one resync); the leader is
+    then restarted and the standby must pause again (its writes after the leader's return, past one
+    lifetime of handover, are double writes). At the end every deployment has its children at the last
+    spec, no duplicates, no orphans."""
+    kube = cc.kube
+    cc.wait_namespaces_gone()
+    ns = cc.namespace("chaos-ha")
+    for crd in yaml.safe_load_all(KOPF_PEERING_CRDS.read_text()):
+        kube.apply(crd, FIELD_MANAGER)
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "KopfPeering",
+        "metadata": {"name": "disagg", "namespace": ns},
+    }
+    wait_for(lambda: _applied(kube, peering, KOPF_PEERING), 30.0, what="the KopfPeering CRD served")
+    names = [f"ha-{i}" for i in range(settings.deployments)]
+    lifetime = settings.peering_lifetime_s
+
+    def peered(priority: int, log_name: str) -> tuple[OperatorRun, str]:
+        (port,) = free_ports(1)
+        args = [
+            "--peering",
+            "disagg",
+            "--peering-lifetime",
+            str(lifetime),
+            "--peering-priority",
+            str(priority),
+        ]
+        args += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+        return cc.operator(ns, log_name, args), f"http://127.0.0.1:{port}/metrics"
+
+    standby, standby_metrics = peered(10, "operator-ha-standby.log")
+    leader, _ = peered(20, "operator-ha-leader-0.log")
+    stop = threading.Event()
+    last: dict[str, int] = {}
+    churn_errors: list[str] = []
+    changes = [0]
+
+    def churn() -> None:
+        i = 0
+        while not stop.wait(settings.churn_every_s):
+            name, replicas = names[i % len(names)], 1 + (i // len(names)) % 2
+            try:
+                patch_spec(kube, ns, name, {"prefill": {"replicas": replicas}})
+                last[name] = replicas
+                changes[0] += 1
+            except (ApiException, WaitTimeout) as error:
+                churn_errors.append(f"{name}: {error}")
+            i += 1
+
+    thread = threading.Thread(target=churn, name="ha-churn", daemon=True)
+    problems: list[str] = []
+    try:
+        for name in names:
+            apply_deployment(kube, small_deployment(ns, name))
+        wait_settled(kube, ns, 120.0)
+        thread.start()
+        base = _operator_writes(standby_metrics)
+        time.sleep(settings.overlap_s)
+        standby_while_leading = _operator_writes(standby_metrics) - base
+        probe = "ha-probe"
+        base = _operator_writes(standby_metrics)
+        leader.kill()
+        killed = time.monotonic()
+        apply_deployment(kube, small_deployment(ns, probe))
+        try:
+            wait_for(
+                lambda: child_replicas(kube, ns, f"{probe}-decode") is not None,
+                settings.resume_timeout_s,
+                interval_s=0.25,
+                what="the standby to create the children of a deployment made at the kill",
+            )
+        except WaitTimeout as timeout:
+            problems.append(str(timeout))
+        resume_s = time.monotonic() - killed
+        standby_while_leader_down = _operator_writes(standby_metrics) - base
+        leader, _ = peered(20, "operator-ha-leader-1.log")
+        time.sleep(lifetime)  # the handover: the standby sees the leader's record within one lifetime
+        base = _operator_writes(standby_metrics)
+        time.sleep(settings.after_return_s)
+        standby_after_return = _operator_writes(standby_metrics) - base
+        stop.set()
+        thread.join(10.0)
+
+        def at_last_spec() -> bool:
+            return all(child_replicas(kube, ns, f"{n}-prefill") == r for n, r in last.items()) and bool(
+                _settled(kube, ns)()
+            )
+
+        try:
+            wait_for(at_last_spec, timeout_s=60.0, interval_s=0.5, what="every deployment at its last spec")
+        except WaitTimeout as timeout:
+            problems.append(str(timeout))
+        final = survey(kube, ns)
+        if standby_while_leading:
+            problems.append(f"the standby wrote {standby_while_leading:.0f}x while the leader ran")
+        if standby_after_return:
+            problems.append(f"the standby wrote {standby_after_return:.0f}x after the leader returned")
+        if final.duplicates or final.orphans:
+            problems.append(f"{final.duplicates} duplicate, {final.orphans} orphaned children")
+        if not standby.alive() or not leader.alive():
+            problems.append("an operator exited")
+        target_s = lifetime + RESYNC_INTERVAL_S
+        return CaseResult(
+            case="ha-failover",
+            done=f"two peered operators (lifetime {lifetime} s), a spec change every "
+            f"{settings.churn_every_s} s, the leader SIGKILLed, then restarted",
+            figures={
+                "dds": final.deployments,
+                "spec_changes": changes[0],
+                "resume_s": resume_s,
+                "standby_writes_while_leading": int(standby_while_leading),
+                "standby_writes_while_leader_down": int(standby_while_leader_down),
+                "standby_writes_after_return": int(standby_after_return),
+                "duplicates": final.duplicates,
+                "orphans": final.orphans,
+                "churn_errors": len(churn_errors),
+            },
+            target=f"resumed within {target_s:.0f} s (lifetime + one resync), 0 double writes",
+            problems=tuple(problems),
+            target_met=not problems and resume_s <= target_s,
+        )
+    finally:
+        stop.set()
+        leader.stop()
+        standby.stop()
+        cc.drop_namespace(ns)
+
+
+def _applied(kube: KubeApi, obj: Mapping[str, Any], kind: Kind) -> bool:
+    try:
+        kube.apply(obj, FIELD_MANAGER, kind=kind)
+    except ApiException as error:
+        if error.status == 404:  # the CRD is not served yet
+            return False
+        raise
+    return True
 
 
 # -- 3. Prometheus down under an autoscaled deployment -------------------------------------------------
@@ -797,6 +970,7 @@ def scale_down_drain(cc: ChaosCluster, settings: ScaleDownSettings = ScaleDownSe
 CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
     "operator-killed": operator_killed,
     "apiserver-outage": apiserver_outage,
+    "ha-failover": ha_failover,
     "etcd-outage": etcd_outage,
     "prometheus-outage": prometheus_outage,
     "idle-writes": idle_writes,

@@ -90,7 +90,8 @@ def _fmt(value: Figure) -> str:
 
 @dataclass
 class OperatorRun:
-    """``disagg run --standalone --namespace NS`` as a child process, its output in ``log_path``."""
+    """``disagg run --standalone --namespace NS`` as a child process, its output in ``log_path`` (peered
+    instead of standalone when ``extra_args`` name a ``--peering``)."""
 
     process: subprocess.Popen[bytes]
     log_path: Path
@@ -114,7 +115,7 @@ class OperatorRun:
             "run",
             "--namespace",
             namespace,
-            "--standalone",
+            *(() if "--peering" in extra_args else ("--standalone",)),
             "--liveness-endpoint",
             liveness,
             "--resync-interval",
