@@ -73,11 +73,10 @@ MAX_UTILIZATION = 0.97
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
 MAX_PREFIX_HIT = 0.95
-# a prefill pool that arrivals outran within the last RECURRENCE_S keeps, and so does decode, what the
-# span's busier work needs (its RECURRENCE_QUANTILE quantile): traffic that switches between regimes
-# (chat <-> code <-> documents) returns to levels it has visited, and a pool shrunk in between meets
-# each return with a start-up and a backlog. A quantile, not the peak: the window's work is noisy with
-# heavy-tailed prompts.
+# a prefill pool that arrivals outran within the last RECURRENCE_S keeps what the span's busier work
+# needs (its RECURRENCE_QUANTILE quantile): traffic that switches between regimes (chat <-> code <->
+# documents) returns to levels it has visited, and a pool shrunk in between meets each return with a
+# start-up and a backlog. A quantile, not the peak: the window's work is noisy with heavy-tailed prompts.
 # Requiring two such episodes instead of one had no effect within one-hour traces (training families)
 RECURRENCE_S = 3600.0
 RECURRENCE_QUANTILE = 0.8
@@ -311,11 +310,10 @@ def queue_growth_rate(samples: Sequence[tuple[float, float]], now: float, queued
     return (q1 - q0) / (t1 - t0)
 
 
-def recurring_level(state: PolicyState, now: float, per_request: float, role: Role = "prefill") -> float:
-    """The work of ``role`` the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
-    samples), in requests/s at today's computed prompt (prefill) or output (decode) length."""
-    column = 1 if role == "prefill" else 2
-    hour = sorted(w[column] for w in state.work_history if now - w[0] <= RECURRENCE_S)
+def recurring_level(state: PolicyState, now: float, per_request: float) -> float:
+    """The prefill work the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
+    samples), in requests/s at today's computed prompt length."""
+    hour = sorted(w[1] for w in state.work_history if now - w[0] <= RECURRENCE_S)
     if not hour:
         return 0.0
     return hour[min(int(RECURRENCE_QUANTILE * len(hour)), len(hour) - 1)] / per_request
@@ -546,13 +544,8 @@ def model_based_proposal(
         outrun = 0.0
     fell_behind = outrun > 0
     if fell_behind or any(now - t <= RECURRENCE_S for t in state.prefill_fell_behind):
-        # traffic that outran prefill switches between regimes, and decode's work switches with it
-        # (code's short answers, then documents' long ones): both pools keep the busier part of the
-        # hour's own work. Decode without it shrank to one replica at the end of a code phase and
-        # queued the documents that followed (training families, targetUtilization 0.92: mix-shift
-        # attainment 88.2% -> 91.9%)
-        pp = replace(pp, keep=max(pp.keep, recurring_level(state, now, computed)))
-        dp = replace(dp, keep=max(dp.keep, recurring_level(state, now, max(out, 1.0), "decode")))
+        level = recurring_level(state, now, computed)
+        pp = replace(pp, keep=max(pp.keep, level))
     if outrun > 0:
         # a queue this long keeps the ready replicas computing at their capacity: arrivals are that
         # plus the growth (the window's average rate lags a shift by half its span)
