@@ -15,10 +15,12 @@ import pytest
 from disagg.chaos import CaseResult, ChaosCluster
 from disagg.chaos.cases import (
     IdleWritesSettings,
+    LoadSettings,
     apiserver_outage,
     etcd_outage,
     ha_failover,
     idle_writes,
+    load,
     operator_killed,
     prometheus_outage,
     scale_down_drain,
@@ -91,6 +93,18 @@ def test_an_idle_operator_writes_are_counted(
     result = idle_writes(chaos_cluster, IdleWritesSettings(window_s=30.0))
     report(result, record_property)
     assert result.figures["dds"] == IdleWritesSettings().deployments
+    assert result.passed, result.line()
+
+
+def test_many_deployments_in_many_namespaces_converge_and_idle_quietly(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    # the bench (bench/chaos_report.py --case load): 500 deployments in 20 namespaces, 60 s idle
+    settings = LoadSettings(deployments=40, namespaces=4, idle_window_s=20.0, resync_s=10.0)
+    result = load(chaos_cluster, settings)
+    report(result, record_property)
+    assert result.figures["converged"] == 40, result.line()
+    assert result.figures["idle_writes_per_min"] == 0, result.line()
     assert result.passed, result.line()
 
 

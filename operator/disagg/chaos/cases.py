@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import random
 import re
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -822,6 +824,125 @@ def idle_writes(cc: ChaosCluster, settings: IdleWritesSettings = IdleWritesSetti
         cc.drop_namespace(ns)
 
 
+# -- 4b. load: many deployments in many namespaces, one operator -----------------------------------------
+@dataclass(frozen=True)
+class LoadSettings:
+    deployments: int = 500
+    namespaces: int = 20
+    converge_timeout_s: float = 1200.0
+    idle_window_s: float = 60.0
+    resync_s: float = 60.0  # the operator's default: the idle window sees every deployment resynced
+    rss_target_mib: float = 200.0
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(cc: ChaosCluster, settings: LoadSettings = LoadSettings()) -> CaseResult:
+    """``deployments`` small deployments spread over ``namespaces`` namespaces, applied as fast as the
+    API server takes them, under one operator watching them all (a kopf namespace glob): the time until
+    every one has converged, the operator's resident memory (peak, sampled every 0.5 s, and after),
+    then, with nothing changing for ``idle_window_s``, the writes the API server counts on the operator's
+    objects (no other writer of those runs) and the operator's CPU. Idle writes are a hot loop: 0."""
+    kube = cc.kube
+    cc.wait_namespaces_gone()
+    prefix = f"chaos-load-{uuid.uuid4().hex[:4]}"
+    namespaces = [cc.namespace(prefix) for _ in range(settings.namespaces)]
+    operator = cc.operator(f"{prefix}-*", "operator-load.log", ["--resync-interval", str(settings.resync_s)])
+    pid = operator.process.pid
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            rss = _rss_mib(pid)
+            if rss is not None:
+                samples.append(rss)
+
+    sampler = threading.Thread(target=sample, name="load-rss", daemon=True)
+    sampler.start()
+    problems: list[str] = []
+    try:
+        rss_start = _rss_mib(pid) or 0.0
+        started = time.monotonic()
+        for i in range(settings.deployments):
+            apply_deployment(kube, small_deployment(namespaces[i % len(namespaces)], f"load-{i:03d}", "h200"))
+        applied_s = time.monotonic() - started
+        deadline = started + settings.converge_timeout_s
+        finals: list[Survey] = []
+        for ns in namespaces:
+            try:
+                finals.append(wait_settled(kube, ns, max(deadline - time.monotonic(), 1.0)))
+            except WaitTimeout as timeout:
+                finals.append(survey(kube, ns))
+                problems.append(str(timeout))
+        converge_s = time.monotonic() - started
+        # the rollout's last writes (pods turning Ready are reported once): until 10 s pass without one,
+        # at most the idle window; a hot loop never goes quiet and is counted below all the same
+        quiet_from, last = time.monotonic(), _spec_writes(cc)
+        give_up = quiet_from + settings.idle_window_s
+        while time.monotonic() < give_up and time.monotonic() - quiet_from < 10.0:
+            time.sleep(1.0)
+            now_writes = _spec_writes(cc)
+            if now_writes != last:
+                quiet_from, last = time.monotonic(), now_writes
+        writes_before, cpu_before = _spec_writes(cc), _cpu_s(pid)
+        time.sleep(settings.idle_window_s)
+        idle_writes = _spec_writes(cc) - writes_before
+        idle_cpu = _cpu_s(pid) - cpu_before
+        stop.set()
+        sampler.join(2.0)
+        rss_end = _rss_mib(pid) or 0.0
+        converged = sum(f.converged for f in finals)
+        duplicates = sum(f.duplicates for f in finals)
+        orphans = sum(f.orphans for f in finals)
+        if converged != settings.deployments:
+            problems.append(f"{converged} of {settings.deployments} converged")
+        if duplicates or orphans:
+            problems.append(f"{duplicates} duplicate, {orphans} orphaned children")
+        if not operator.alive():
+            problems.append("the operator exited")
+        peak = max(samples, default=rss_end)
+        per_min = idle_writes * 60.0 / settings.idle_window_s
+        return CaseResult(
+            case="load",
+            done=f"{settings.deployments} deployments in {settings.namespaces} namespaces under one operator "
+            f"(resync {settings.resync_s:.0f} s), then {settings.idle_window_s:.0f} s with nothing changing",
+            figures={
+                "dds": settings.deployments,
+                "namespaces": settings.namespaces,
+                "applied_s": applied_s,
+                "converged": converged,
+                "converge_s": converge_s,
+                "rss_start_mib": rss_start,
+                "rss_peak_mib": peak,
+                "rss_idle_mib": rss_end,
+                "idle_writes_per_min": per_min,
+                "idle_cpu_share": idle_cpu / settings.idle_window_s,
+            },
+            target=f"every DD converged, RSS <= {settings.rss_target_mib:.0f} MiB, 0 writes while idle",
+            problems=tuple(problems),
+            target_met=not problems and peak <= settings.rss_target_mib and idle_writes == 0,
+        )
+    finally:
+        stop.set()
+        operator.stop()
+        for ns in namespaces:
+            cc.drop_namespace(ns)
+
+
 # -- 5. scale-downs under streaming traffic through the router ------------------------------------------
 # steady chat through the released router, long streams (256 tokens) so many are in flight at a cut
 STEADY_CHAT = Phase("steady", 60.0, 4.0, 300, 256)
@@ -974,5 +1095,6 @@ CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
     "etcd-outage": etcd_outage,
     "prometheus-outage": prometheus_outage,
     "idle-writes": idle_writes,
+    "load": load,
     "scale-down-drain": scale_down_drain,
 }
