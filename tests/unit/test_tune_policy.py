@@ -1,0 +1,61 @@
+"""bench/tune_policy.py's pure parts: candidates override RatioPolicy fields and policy constants, and the
+summary counts target misses as policy_goodput.py does."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import disagg.policy.model_based as model_based
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tune() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("tune_policy", ROOT / "bench" / "tune_policy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tune_policy"] = module  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_overrides_merge_into_nested_fields(tune: ModuleType) -> None:
+    base = {"algorithm": "model-based", "modelBased": {"targetUtilization": 0.85, "lookaheadSeconds": 60}}
+    merged = tune._merge(base, {"modelBased": {"targetUtilization": 0.9}, "tolerance": 0.05})
+    assert merged == {
+        "algorithm": "model-based",
+        "modelBased": {"targetUtilization": 0.9, "lookaheadSeconds": 60},
+        "tolerance": 0.05,
+    }
+    assert base["modelBased"]["targetUtilization"] == 0.85  # the base is not changed
+
+
+def test_constants_are_set_by_name_and_unknown_ones_refused(
+    tune: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model_based, "RECURRENCE_S", model_based.RECURRENCE_S)  # restored after
+    tune.set_constants("model_based.RECURRENCE_S=900.0; ")
+    assert model_based.RECURRENCE_S == 900.0
+    with pytest.raises(SystemExit, match="no constant NOPE"):
+        tune.set_constants("model_based.NOPE=1")
+
+
+def test_the_summary_counts_misses_as_the_bench_does(tune: ModuleType) -> None:
+    outcomes = [
+        # below 90% where static reaches it, above static and the schedule, 3 reversals: 4 misses
+        tune.Outcome("a", "cold", 0.85, 1.2, 1.3, 3, True),
+        # within every target
+        tune.Outcome("a", "warm", 0.95, 0.9, 1.05, 1, True),
+        # static never reaches 90%: its attainment is no miss and no worst case
+        tune.Outcome("b", "cold", 0.5, 1.0, 1.0, 0, False),
+    ]
+    line = tune.summary(outcomes)
+    assert "worst SLO  85.0%" in line
+    assert "/static worst 1.20 mean 1.03" in line
+    assert "misses 4 (1 attainment)" in line
