@@ -227,8 +227,8 @@ class ApiOutageSettings:
     outage_s: float = 20.0
     recover_target_s: float = 30.0
     recover_timeout_s: float = 120.0
-    # after recovery the operator is watched this long for a hot loop: reconciles of unchanged objects
-    # beyond what its resync would do, counted as writes by the operator's own metrics
+    # after recovery the operator is watched this long for a hot loop: writes to objects nobody changed,
+    # as the API server counts them
     quiet_s: float = 15.0
 
 
