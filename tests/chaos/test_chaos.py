@@ -100,7 +100,9 @@ def test_many_deployments_in_many_namespaces_converge_and_idle_quietly(
     chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
 ) -> None:
     # the bench (bench/chaos_report.py --case load): 500 deployments in 20 namespaces, 60 s idle
-    settings = LoadSettings(deployments=40, namespaces=4, idle_window_s=20.0, resync_s=10.0)
+    settings = LoadSettings(
+        deployments=40, namespaces=4, idle_window_s=20.0, resync_s=10.0, settle_timeout_s=60.0
+    )
     result = load(chaos_cluster, settings)
     report(result, record_property)
     assert result.figures["converged"] == 40, result.line()

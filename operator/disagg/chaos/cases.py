@@ -243,13 +243,18 @@ def etcd_outage(cc: ChaosCluster, settings: ApiOutageSettings = ApiOutageSetting
     return component_outage(cc, "etcd", settings)
 
 
-def _spec_writes(cc: ChaosCluster) -> float:
-    """The API server's count of writes to deployments' and children's specs and statuses (not Events,
-    which other controllers write too); restarted with the API server, so compared within one run."""
+def _spec_writes_by_resource(cc: ChaosCluster) -> dict[str, float]:
+    """The API server's count of writes to deployments (spec and status) and to children's specs, by
+    resource (not Events, which other controllers write too); restarted with the API server, so compared
+    within one run."""
     with cc.info.client() as client:
         response = client.get("/metrics")
         response.raise_for_status()
-        return sum(v for k, v in operator_writes(response.text).items() if k != "events")
+        return {k: v for k, v in operator_writes(response.text).items() if k != "events"}
+
+
+def _spec_writes(cc: ChaosCluster) -> float:
+    return sum(_spec_writes_by_resource(cc).values())
 
 
 def component_outage(cc: ChaosCluster, component: str, settings: ApiOutageSettings) -> CaseResult:
@@ -833,6 +838,8 @@ class LoadSettings:
     idle_window_s: float = 60.0
     resync_s: float = 60.0  # the operator's default: the idle window sees every deployment resynced
     rss_target_mib: float = 200.0
+    cluster_wide: bool = True
+    settle_timeout_s: float = 300.0
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -860,7 +867,12 @@ def load(cc: ChaosCluster, settings: LoadSettings = LoadSettings()) -> CaseResul
     cc.wait_namespaces_gone()
     prefix = f"chaos-load-{uuid.uuid4().hex[:4]}"
     namespaces = [cc.namespace(prefix) for _ in range(settings.namespaces)]
-    operator = cc.operator(f"{prefix}-*", "operator-load.log", ["--resync-interval", str(settings.resync_s)])
+    # cluster-wide, as the chart runs it by default (watch.scope "cluster"): one watch per kind, where a
+    # namespace list or glob opens one per kind and namespace
+    scope = ["--all-namespaces"] if settings.cluster_wide else ["--namespace", f"{prefix}-*"]
+    operator = cc.operator(
+        f"{prefix}-*", "operator-load.log", [*scope, "--resync-interval", str(settings.resync_s)]
+    )
     pid = operator.process.pid
     samples: list[float] = []
     stop = threading.Event()
@@ -889,18 +901,23 @@ def load(cc: ChaosCluster, settings: LoadSettings = LoadSettings()) -> CaseResul
                 finals.append(survey(kube, ns))
                 problems.append(str(timeout))
         converge_s = time.monotonic() - started
-        # the rollout's last writes (pods turning Ready are reported once): until 10 s pass without one,
-        # at most the idle window; a hot loop never goes quiet and is counted below all the same
-        quiet_from, last = time.monotonic(), _spec_writes(cc)
-        give_up = quiet_from + settings.idle_window_s
+        # the rollout's last writes (pods turning Ready are reported once, kopf records each creation
+        # handled): until 10 s pass without one, at most settle_timeout_s; a hot loop never goes quiet
+        # and is counted below all the same
+        settle_start = quiet_from = time.monotonic()
+        last = _spec_writes(cc)
+        give_up = quiet_from + settings.settle_timeout_s
         while time.monotonic() < give_up and time.monotonic() - quiet_from < 10.0:
             time.sleep(1.0)
             now_writes = _spec_writes(cc)
             if now_writes != last:
                 quiet_from, last = time.monotonic(), now_writes
-        writes_before, cpu_before = _spec_writes(cc), _cpu_s(pid)
+        settle_s = quiet_from - settle_start
+        by_before, cpu_before = _spec_writes_by_resource(cc), _cpu_s(pid)
         time.sleep(settings.idle_window_s)
-        idle_writes = _spec_writes(cc) - writes_before
+        by_after = _spec_writes_by_resource(cc)
+        by_resource = {k: v - by_before.get(k, 0.0) for k, v in by_after.items() if v > by_before.get(k, 0.0)}
+        idle_writes = sum(by_resource.values())
         idle_cpu = _cpu_s(pid) - cpu_before
         stop.set()
         sampler.join(2.0)
@@ -926,10 +943,12 @@ def load(cc: ChaosCluster, settings: LoadSettings = LoadSettings()) -> CaseResul
                 "applied_s": applied_s,
                 "converged": converged,
                 "converge_s": converge_s,
+                "quiet_after_s": settle_s,
                 "rss_start_mib": rss_start,
                 "rss_peak_mib": peak,
                 "rss_idle_mib": rss_end,
                 "idle_writes_per_min": per_min,
+                "idle_writes_by": ",".join(f"{k}:{int(v)}" for k, v in sorted(by_resource.items())) or "-",
                 "idle_cpu_share": idle_cpu / settings.idle_window_s,
             },
             target=f"every DD converged, RSS <= {settings.rss_target_mib:.0f} MiB, 0 writes while idle",

@@ -91,7 +91,8 @@ def _fmt(value: Figure) -> str:
 @dataclass
 class OperatorRun:
     """``disagg run --standalone --namespace NS`` as a child process, its output in ``log_path`` (peered
-    instead of standalone when ``extra_args`` name a ``--peering``)."""
+    instead of standalone when ``extra_args`` name a ``--peering``, cluster-wide when they say
+    ``--all-namespaces``)."""
 
     process: subprocess.Popen[bytes]
     log_path: Path
@@ -113,8 +114,7 @@ class OperatorRun:
             "-m",
             "disagg",
             "run",
-            "--namespace",
-            namespace,
+            *(() if "--all-namespaces" in extra_args else ("--namespace", namespace)),
             *(() if "--peering" in extra_args else ("--standalone",)),
             "--liveness-endpoint",
             liveness,
