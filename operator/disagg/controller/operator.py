@@ -4,11 +4,7 @@ registered explicitly with what it needs (``register(registry, context)``), from
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import os
-import sys
 from dataclasses import dataclass, field
 
 import kopf
@@ -59,29 +55,8 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
     return settings
 
 
-# glibc's mallopt(3) parameter M_ARENA_MAX (malloc.h: #define M_ARENA_MAX -8)
-M_ARENA_MAX = -8
-
-
-def limit_malloc_arenas(arenas: int) -> bool:
-    """Cap glibc's malloc arenas, as ``MALLOC_ARENA_MAX`` would: glibc gives each thread that allocates
-    concurrently an arena of its own (up to 8 per core), and the reconcile and apply threads leave them
-    fragmented; measured with 150 deployments, the operator's peak RSS fell 176 -> 140 MiB at 2 arenas.
-    An explicit ``MALLOC_ARENA_MAX`` in the environment wins; not glibc (musl, macOS): nothing to do."""
-    if arenas <= 0 or not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = getattr(libc, "mallopt", None)
-    except OSError:
-        return False
-    return bool(mallopt is not None and mallopt(M_ARENA_MAX, arenas) == 1)
-
-
 def run_operator(options: RunOptions) -> int:
     """Run until interrupted; the exit code."""
-    limit_malloc_arenas(options.settings.malloc_arenas)
     try:
         api_client = load_api_client()
     except ConfigException as error:

@@ -82,7 +82,4 @@ class ControllerSettings(BaseSettings):
     kopf_event_level: str = "WARNING"
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
     max_workers: int = Field(default=8, ge=1)
-    # glibc malloc arenas (limit_malloc_arenas): 2 keeps the threads' heaps from fragmenting apart;
-    # 0 leaves glibc's default (8 per core)
-    malloc_arenas: int = Field(default=2, ge=0)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
