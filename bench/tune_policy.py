@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_goodput import (
     RatioController,
+    Row,
     Setup,
     TraceCase,
+    Verdict,
     case_sets,
     evaluate,
     ratio_policy,
     references,
+    verdict,
 )
 
 # where policy_goodput.py --reference-cache keeps the hindsight schedules (the warm start is its first window)
@@ -44,10 +47,12 @@ class Outcome:
     case: str
     start: str
     attainment: float
-    static_ratio: float | None
-    schedule_ratio: float | None
-    reversals_max_h: int
-    static_meets: bool
+    verdict: Verdict  # against the targets, as policy_goodput.py judges a run
+
+
+def _row(stored: Mapping[str, Any] | None) -> Row | None:
+    """A reference row as policy_goodput.py --json wrote it."""
+    return None if stored is None else Row(**{f.name: stored[f.name] for f in fields(Row)})
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,34 +87,21 @@ def run_one(args: tuple[TraceCase, str, str, dict[str, Any]]) -> Outcome:
     spec = ratio_policy(case, **_merge({"algorithm": "model-based"}, json.loads(overrides)))
     result = setup.run(setup.deployment(), reqs, RatioController(spec, setup.bounds()))
     row = evaluate("model-based", result, case, setup, None)
-    static, sched = ref["best_static"], (ref["schedule_known_ahead"] or {}).get(start)
-    return Outcome(
-        case.name,
-        start,
-        row.attainment,
-        row.gpu_hours / static["gpu_hours"] if static else None,
-        row.gpu_hours / sched["gpu_hours"] if sched else None,
-        row.reversals_max_h,
-        bool(static and static["attainment"] >= 0.9),
-    )
+    static, sched = _row(ref["best_static"]), _row((ref["schedule_known_ahead"] or {}).get(start))
+    return Outcome(case.name, start, row.attainment, verdict(row, static, sched))
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
-    att = min((o.attainment for o in outcomes if o.static_meets), default=float("nan"))
-    st = [o.static_ratio for o in outcomes if o.static_ratio]
-    sc = [o.schedule_ratio for o in outcomes if o.schedule_ratio]
-    misses = sum(
-        (o.static_meets and o.attainment < 0.9)
-        + bool(o.static_ratio and o.static_ratio > 1.0)
-        + bool(o.schedule_ratio and o.schedule_ratio > 1.1)
-        + (o.reversals_max_h > 2)
-        for o in outcomes
-    )
-    below = sum(o.static_meets and o.attainment < 0.9 for o in outcomes)
+    verdicts = [o.verdict for o in outcomes]
+    att = min((o.attainment for o in outcomes if o.verdict.attainment_ok is not None), default=float("nan"))
+    st = [v.static_ratio for v in verdicts if v.static_ratio]
+    sc = [v.schedule_ratio for v in verdicts if v.schedule_ratio]
+    misses = sum(len(v.misses()) for v in verdicts)
+    below = sum(v.attainment_ok is False for v in verdicts)
     return (
         f"worst SLO {att:6.1%}  /static worst {max(st):.2f} mean {sum(st) / len(st):.2f}  "
         f"/sched worst {max(sc):.2f} mean {sum(sc) / len(sc):.2f}  rev/h worst "
-        f"{max(o.reversals_max_h for o in outcomes)}  misses {misses} ({below} attainment)"
+        f"{max(v.reversals_max_h for v in verdicts)}  misses {misses} ({below} attainment)"
     )
 
 
@@ -138,9 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{cand}\n  {summary(outcomes)}", flush=True)
         if args.detail:
             for o in outcomes:
+                v = o.verdict
                 print(
-                    f"    {o.case:<24} {o.start:<5} {o.attainment:6.1%} /static {o.static_ratio or 0:.2f} "
-                    f"/sched {o.schedule_ratio or 0:.2f} rev/h {o.reversals_max_h}"
+                    f"    {o.case:<24} {o.start:<5} {o.attainment:6.1%} /static {v.static_ratio or 0:.2f} "
+                    f"/sched {v.schedule_ratio or 0:.2f} rev/h {v.reversals_max_h}"
                 )
     return 0
 

@@ -1,5 +1,5 @@
 """bench/tune_policy.py's pure parts: candidates override RatioPolicy fields and policy constants, and the
-summary counts target misses as policy_goodput.py does."""
+summary counts the target misses policy_goodput.py's verdicts name."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def test_constants_are_set_by_name_and_unknown_ones_refused(
 def test_the_summary_counts_misses_as_the_bench_does(tune: ModuleType) -> None:
     outcomes = [
         # below 90% where static reaches it, above static and the schedule, 3 reversals: 4 misses
-        tune.Outcome("a", "cold", 0.85, 1.2, 1.3, 3, True),
+        tune.Outcome("a", "cold", 0.85, tune.Verdict(False, 1.2, 1.3, 3)),
         # within every target
-        tune.Outcome("a", "warm", 0.95, 0.9, 1.05, 1, True),
+        tune.Outcome("a", "warm", 0.95, tune.Verdict(True, 0.9, 1.05, 1)),
         # static never reaches 90%: its attainment is no miss and no worst case
-        tune.Outcome("b", "cold", 0.5, 1.0, 1.0, 0, False),
+        tune.Outcome("b", "cold", 0.5, tune.Verdict(None, 1.0, 1.0, 0)),
     ]
     line = tune.summary(outcomes)
     assert "worst SLO  85.0%" in line
