@@ -21,6 +21,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from disagg.api.deployment import DisaggregatedDeployment
+from disagg.chaos.cases import apply_when_served
 from disagg.cluster.wait import wait_for
 from disagg.demo.scenario import tiny_deployment_manifest
 from disagg.k8s.apply import DEPLOYMENT_LABEL, owner_reference
@@ -31,6 +32,7 @@ from disagg.k8s.client import (
     DEPLOYMENT,
     DISAGG_DEPLOYMENT,
     EVENT,
+    KOPF_PEERING,
     MERGE_PATCH,
     POD,
     RATIO_POLICY,
@@ -477,17 +479,24 @@ def test_autoscaler_desired_replicas_reach_the_pools(
     assert "decode 9 outside minReplicas 1..maxReplicas 4" in stale[0]["message"], stale[0]["message"]
 
 
+# podTemplate is free-form and only the API server checks an affinity in it: the CRD and the model accept a
+# node-affinity operator that is none, the API server rejects the Deployment built from it (ApplyFailed)
+_BOGUS_TERM = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
+REFUSED_AFFINITY: JsonDict = {
+    "spec": {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_BOGUS_TERM]}
+            }
+        }
+    }
+}
+
+
 def test_unusable_object_is_degraded_with_an_event_while_the_operator_keeps_working(
     kube: KubeApi, namespace: str, operator_process: OperatorProcess
 ) -> None:
-    # podTemplate is free-form and only the API server checks an affinity in it: the CRD and the model accept
-    # a node-affinity operator that is none, the API server rejects the Deployment built from it.
-    term = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
-    affinity = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-    }
-    template = {"spec": {"affinity": affinity}}
-    bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "podTemplate": template})
+    bad = tiny_deployment("broken", namespace, prefill={"replicas": 1, "podTemplate": REFUSED_AFFINITY})
     apply(kube, bad)
 
     def degraded() -> JsonDict | None:
@@ -548,25 +557,25 @@ def test_a_pod_template_taking_the_operators_volume_is_degraded_naming_the_field
 
 
 KOPF_PEERING_CRDS = ROOT / "charts" / "disagg-operator" / "crds" / "kopf-peering.yaml"
-KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 
 
 def test_the_hugging_face_token_never_leaves_its_secret(
-    kube: KubeApi, namespace: str, operator_process: OperatorProcess, k8s_api: Any
+    kube: KubeApi, namespace: str, operator_process: OperatorProcess
 ) -> None:
     """A canary token in the Secret a deployment names: the pods reference it (secretKeyRef), and neither
     it nor its base64 appears in the operator's log or metrics, an Event, a DisaggregatedDeployment
     (spec, status, kopf's annotations) or any child or pod, on the paths that report an object: Ready,
     Degraded with InvalidSpec, and ApplyFailed (the API server's refusal, which the operator logs and
     puts in the condition and the Event)."""
-    from kubernetes import client
-
     canary = f"hf_canary_{namespace[-6:]}_do_not_log"
     encoded = base64.b64encode(canary.encode()).decode()
-    client.CoreV1Api(k8s_api).create_namespaced_secret(
-        namespace,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="hf-canary"), string_data={"token": canary}),
-    )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-canary"},
+        "stringData": {"token": canary},
+    }
+    kube.create(SECRET, namespace, secret)
     source = {
         "huggingFace": {"id": "Qwen/Qwen3-0.6B", "tokenSecretRef": {"name": "hf-canary", "key": "token"}}
     }
@@ -579,20 +588,8 @@ def test_the_hugging_face_token_never_leaves_its_secret(
     apply(
         kube, tiny_deployment_manifest("canary-invalid", namespace, model=model, prefill={"podTemplate": shm})
     )
-    term = {"matchExpressions": [{"key": "gpu", "operator": "Bogus", "values": ["h200"]}]}
-    refused = {
-        "spec": {
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
-                }
-            }
-        }
-    }
-    apply(
-        kube,
-        tiny_deployment_manifest("canary-refused", namespace, model=model, prefill={"podTemplate": refused}),
-    )
+    refused = {"podTemplate": REFUSED_AFFINITY}
+    apply(kube, tiny_deployment_manifest("canary-refused", namespace, model=model, prefill=refused))
     for name, reason in (("canary-invalid", "InvalidSpec"), ("canary-refused", "ApplyFailed")):
 
         def degraded(name: str = name) -> JsonDict | None:
@@ -634,7 +631,10 @@ def test_peered_replicas_fail_over(kube: KubeApi, namespace: str, operator_facto
         "kind": "KopfPeering",
         "metadata": {"name": "disagg", "namespace": namespace},
     }
-    poll(lambda: _try_apply(kube, peering), what="the KopfPeering CRD served")
+    poll(
+        lambda: apply_when_served(kube, peering, KOPF_PEERING, "disagg-tests"),
+        what="the KopfPeering CRD served",
+    )
     args = ["--peering", "disagg", "--peering-lifetime", "10"]
     standby = operator_factory([*args, "--peering-priority", "10"])
     active = operator_factory([*args, "--peering-priority", "20"])
@@ -652,13 +652,3 @@ def test_peered_replicas_fail_over(kube: KubeApi, namespace: str, operator_facto
 
     poll(restored, what="the standby operator to restore the deleted router Service")
     assert standby.alive()
-
-
-def _try_apply(kube: KubeApi, obj: JsonDict) -> bool:
-    try:
-        kube.apply(obj, field_manager="disagg-tests", kind=KOPF_PEERING)
-    except ApiException as error:
-        if error.status == 404:  # the CRD is not served yet
-            return False
-        raise
-    return True

@@ -94,6 +94,7 @@ HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", opt
 DISAGG_DEPLOYMENT = Kind(GROUP_VERSION, deployment_api.KIND, deployment_api.PLURAL)
 RATIO_POLICY = Kind(GROUP_VERSION, ratiopolicy_api.KIND, ratiopolicy_api.PLURAL)
 CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False)
+KOPF_PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")  # kopf's peering (the chart's CRD)
 
 # The kinds the renderer may produce, hence the kinds the pruner looks at and the operator watches for
 # drift (and nothing else); the chart's RBAC grants exactly these.
