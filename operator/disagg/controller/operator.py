@@ -58,7 +58,7 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
 def run_operator(options: RunOptions) -> int:
     """Run until interrupted; the exit code."""
     try:
-        api_client = load_api_client()
+        api_client = load_api_client(connections=options.settings.api_connections)
     except ConfigException as error:
         raise SystemExit(
             "disagg run: no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config), "

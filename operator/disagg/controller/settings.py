@@ -83,3 +83,8 @@ class ControllerSettings(BaseSettings):
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
     max_workers: int = Field(default=8, ge=1)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+
+    @property
+    def api_connections(self) -> int:
+        """Connections the API client keeps: every handler thread may run one apply wave at once."""
+        return self.max_workers * self.apply_concurrency

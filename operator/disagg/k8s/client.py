@@ -128,8 +128,14 @@ def _names(kinds: Sequence[Kind]) -> str:
     return ", ".join(f"{k.api_version}/{k.kind}" for k in kinds)
 
 
-def load_api_client(kubeconfig: str | os.PathLike[str] | None = None) -> k8s_client.ApiClient:
-    """An authenticated client: the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+def load_api_client(
+    kubeconfig: str | os.PathLike[str] | None = None, connections: int | None = None
+) -> k8s_client.ApiClient:
+    """An authenticated client: the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster.
+
+    ``connections`` sizes urllib3's pool: the client's default is 5 per CPU (10 on two cores), and a
+    caller that makes more requests at once than that has urllib3 open and drop the extra connections
+    ("Connection pool is full, discarding connection"), a new TCP and TLS handshake for each."""
     configuration = k8s_client.Configuration()
     if kubeconfig is not None:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -139,6 +145,8 @@ def load_api_client(kubeconfig: str | os.PathLike[str] | None = None) -> k8s_cli
         k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
     return k8s_client.ApiClient(configuration)
 
 
