@@ -141,7 +141,7 @@ def test_parallelism_is_validated() -> None:
     with pytest.raises(ValueError, match="ep"):
         Parallelism(tp=2, dp=4, ep=4)
     with pytest.raises(ValueError, match="tp"):
-        Parallelism(tp=16)
+        Parallelism(tp=32)
     assert Parallelism.wide_ep(72).nodes == 9 and Parallelism(tp=8).nodes == 1
     with pytest.raises(ValueError, match="dense"):
         load_latency_model("llama-3.1-8b", "h100", 1, parallelism=Parallelism(tp=1, dp=2, ep=2))
@@ -252,3 +252,97 @@ def test_engine_limits_of_a_data_parallel_replica_are_per_rank() -> None:
         "prefill", PoolSpec(replicas=1, tp=2), load_latency_model("llama-3.1-70b", "h100", 2, "fp8"), True
     )
     assert dense.settings.max_num_batched_tokens == DEFAULT_MAX_BATCHED_TOKENS
+
+
+# --- a dense model whose tensor-parallel group spans two nodes (Llama-3.1-405B at TP16) ---------------
+def test_tp16_over_two_nodes_all_reduces_slower_than_tp8_in_one_node() -> None:
+    """TP16 on two 8-GPU nodes all-reduces over the NICs (50 GB/s per GPU) where TP8 stays on NVLink: slower
+    at every size, and at large messages at least the ring's inter-node bytes at line rate."""
+    tp8 = load_moe_latency_model("llama-3.1-405b", "h100", "fp8", parallelism=Parallelism(tp=8))
+    tp16 = load_moe_latency_model("llama-3.1-405b", "h100", "fp8", parallelism=Parallelism(tp=16))
+    for m in (1, 16, 256, 4096):
+        assert tp16.allreduce_ms(m) > tp8.allreduce_ms(m), m
+    m = 4096
+    shard = m * tp16.arch.hidden * 2 / 8
+    nic_ms = 2 * (2 - 1) / 2 * shard / (tp16.gpu.nic_gbit * 1e9 / 8) * 1000
+    assert tp16.allreduce_ms(m) > nic_ms
+    assert tp16.allreduce_ms(m) > 1.5 * tp8.allreduce_ms(m)
+    # the same TP8 group split over two 4-GPU nodes pays the NIC too
+    split = load_moe_latency_model(
+        "llama-3.1-405b", "h200", "fp8", parallelism=Parallelism(tp=8, gpus_per_node=4)
+    )
+    one = load_moe_latency_model("llama-3.1-405b", "h200", "fp8", parallelism=Parallelism(tp=8))
+    assert split.allreduce_ms(1024) > 2 * one.allreduce_ms(1024)
+    assert split.decode_step_time_s(64, 64 * 2048) > one.decode_step_time_s(64, 64 * 2048)
+
+
+def test_llama_405b_bf16_needs_two_h100_nodes() -> None:
+    with pytest.raises(ValueError, match="does not fit on 8 x h100"):
+        load_latency_model("meta-llama/Llama-3.1-405B-Instruct", "h100", 8, "bf16")
+    two = load_latency_model("meta-llama/Llama-3.1-405B-Instruct", "h100", 16, "bf16")
+    assert isinstance(two, MoeLatencyModel) and two.parallelism.tp_nodes == 2
+    assert two.kv_capacity_tokens > 100_000
+    # GQA's 8 KV heads over 16 GPUs: each head held twice, so the capacity per GPU is that of TP8's heads
+    assert two._copies() == 2
+    # half the weights per GPU of TP8 make the memory-bound decode step faster despite the NIC all-reduce,
+    # but not twice as fast
+    fp8_8 = load_latency_model("llama-3.1-405b", "h200", 8, "bf16")
+    fp8_16 = load_latency_model("llama-3.1-405b", "h200", 16, "bf16")
+    t8, t16 = (lm.decode_step_time_s(32, 32 * 2048) for lm in (fp8_8, fp8_16))
+    assert 0.5 * t8 < t16 < t8
+
+
+def test_moe_models_refuse_tensor_parallelism_beyond_a_node() -> None:
+    with pytest.raises(ValueError, match="no TP16 attention tables"):
+        load_moe_latency_model("qwen3-235b-a22b", "h100", "fp8", parallelism=Parallelism(tp=16, ep=16))
+
+
+# --- gpt-oss: every other layer a 128-token sliding window ------------------------------------------------
+def _without_sliding(lm: MoeLatencyModel) -> MoeLatencyModel:
+    from dataclasses import replace
+
+    grid = yaml.safe_load((PROFILES_DIR / "moe_coefficients.yaml").read_text())["m_grid"]
+    arch = replace(lm.arch, sliding_layers=0, sliding_window=0)
+    return MoeLatencyModel(arch, lm.gpu, lm.parallelism, lm.dtype, lm._entry, grid, lm.runtime)
+
+
+def test_gpt_oss_sliding_window_halves_kv_per_token() -> None:
+    oss = load_moe_latency_model("gpt-oss-120b", "h100", "mxfp4", parallelism=Parallelism(tp=1))
+    assert (oss.arch.sliding_layers, oss.arch.sliding_window) == (18, 128)
+    full = _without_sliding(oss)
+    assert oss.kv_bytes_per_token * 2 == full.kv_bytes_per_token == 2 * 36 * 8 * 64 * 2
+    assert 1.9 < oss.kv_capacity_tokens / full.kv_capacity_tokens < 2.1
+
+
+def test_gpt_oss_sliding_layers_stop_paying_for_long_context() -> None:
+    oss = load_moe_latency_model("gpt-oss-120b", "b200", "mxfp4", parallelism=Parallelism(tp=1))
+    full = _without_sliding(oss)
+    # below the window every layer attends to everything: same step
+    assert oss.decode_step_time_s(64, 64 * 100) == pytest.approx(full.decode_step_time_s(64, 64 * 100))
+    # past it, the context cost grows for half the layers only
+    grow = oss.decode_step_time_s(64, 64 * 32_000) - oss.decode_step_time_s(64, 64 * 1_000)
+    grow_full = full.decode_step_time_s(64, 64 * 32_000) - full.decode_step_time_s(64, 64 * 1_000)
+    assert grow == pytest.approx(grow_full / 2, rel=0.01)
+    assert oss.decode_step_slope_s(64) == pytest.approx(full.decode_step_slope_s(64) / 2)
+    assert oss.prefill_time_s([32_000]) < full.prefill_time_s([32_000])
+
+
+def test_twin_document_with_a_two_node_dense_tp16_pool_simulates() -> None:
+    from disagg.twin.profiles import check
+    from disagg.twin.sim import SimDeployment, simulate
+    from disagg.twin.traffic import Request
+
+    dep = SimDeployment.from_dict(
+        {
+            "model": "meta-llama/Llama-3.1-405B-Instruct",
+            "gpu": "h100",
+            "dtype": "bf16",
+            "prefill": {"replicas": 1, "tp": 16},
+            "decode": {"replicas": 1, "tp": 16},
+        }
+    )
+    assert dep.gpus == 32
+    check(dep)
+    reqs = [Request(i * 1.0, 2000, 50) for i in range(10)]
+    res = simulate(dep, reqs, seed=1)
+    assert len(res.ttft) == 10 and not np.isnan(res.e2e).any()

@@ -92,8 +92,8 @@ class Parallelism:
     imbalance: float = 1.0  # tokens of the busiest EP rank / the mean (1.0: balanced, e.g. by EPLB)
 
     def __post_init__(self) -> None:
-        if self.tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp: attention tensor parallelism must be 1, 2, 4 or 8, got {self.tp}")
+        if self.tp not in (1, 2, 4, 8, 16):
+            raise ValueError(f"tp: attention tensor parallelism must be 1, 2, 4, 8 or 16, got {self.tp}")
         if self.dp < 1:
             raise ValueError(f"dp: must be >= 1, got {self.dp}")
         if self.ep not in (1, self.gpus):
@@ -110,6 +110,11 @@ class Parallelism:
     @property
     def nodes(self) -> int:
         return math.ceil(self.gpus / self.gpus_per_node)
+
+    @property
+    def tp_nodes(self) -> int:
+        """Nodes one tensor-parallel group spans (its all-reduce crosses the NICs when more than one)."""
+        return math.ceil(self.tp / self.gpus_per_node)
 
     @staticmethod
     def wide_ep(gpus: int, tp: int = 1, gpus_per_node: int = 8, overlap: bool = True) -> Parallelism:
@@ -145,6 +150,8 @@ class MoeArch:
     v_head_dim: int = 0
     table_model: str = ""
     native_dtype: str = "bf16"
+    sliding_window: int = 0  # tokens a sliding-window layer keeps and attends to (0: none)
+    sliding_layers: int = 0  # how many of the layers are sliding-window (gpt-oss: every other one)
 
     @property
     def moe_layers(self) -> int:
@@ -155,11 +162,20 @@ class MoeArch:
         """Routed-expert parameters (gate, up and down of every expert of every MoE layer)."""
         return float(self.moe_layers * self.routed_experts * 3 * self.hidden * self.moe_intermediate)
 
+    @property
+    def full_layers(self) -> int:
+        """Layers attending to the whole context (all but the sliding-window ones)."""
+        return self.layers - self.sliding_layers
+
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV bytes a token of context holds. Sliding-window layers hold only their last ``sliding_window``
+        tokens per sequence, whatever its length, and are left out: vLLM's hybrid KV cache manager gives them
+        blocks for the window alone (freed as it slides), so its token capacity is that of the full layers;
+        the window's few blocks per running sequence (18 x 128 tokens for gpt-oss) are not counted."""
         width = 1 if kv_dtype == "fp8" else 2
         if self.attention == "mla":
             return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width
-        return 2 * self.layers * self.kv_heads * self.head_dim * width
+        return 2 * self.full_layers * self.kv_heads * self.head_dim * width
 
     def weight_bytes_per_gpu(self, dtype: str, par: Parallelism) -> float:
         """Weights on one GPU: routed experts over their shards, the rest over the attention TP group."""
@@ -274,17 +290,23 @@ class MoeLatencyModel(LatencyModel):
         self._grid = [float(m) for m in m_grid]
         self._entry = entry
         tp_key = f"tp{par.tp}"
+        if tp_key not in entry["gemm"] or tp_key not in entry["attn"][kv_dtype]:
+            raise ValueError(
+                f"parallelism: no TP{par.tp} attention tables for {arch.name} (TP beyond 8 GPUs is modelled "
+                "for dense models; a MoE model spans nodes by expert parallelism)"
+            )
         self._gemm = entry["gemm"][tp_key]
         self._router = entry["gemm"]["router_ms"]
-        self._ar = entry["allreduce_ms"][tp_key] if par.tp > 1 else None
+        self._ar = self._allreduce_grid(entry, par) if par.tp > 1 else None
         attn = entry["attn"][kv_dtype][tp_key]
         self._ctx = [float(x) for x in attn["ctx_ms"]]
         self._gen = [float(x) for x in attn["gen_ms"]]
         self._fixed = runtime.step_overhead_s
         f = self.overhead_factor
         # seconds per context token of the whole replica (each DP rank holds 1/dp of it)
-        self._gen_g = f * arch.layers * self._gen[2] / par.dp / 1000
-        self._ctx_c = f * arch.layers * self._ctx[2] / par.dp / 1000
+        # (sliding-window layers stop growing with the context once it passes their window)
+        self._gen_g = f * arch.full_layers * self._gen[2] / par.dp / 1000
+        self._ctx_c = f * arch.full_layers * self._ctx[2] / par.dp / 1000
         self._moe_tp_key = f"tp{par.gpus}ep1"
         if arch.routed_experts and par.ep == 1 and self._moe_tp_key not in entry["moe"]:
             raise ValueError(
@@ -302,6 +324,38 @@ class MoeLatencyModel(LatencyModel):
         return (
             f"MoeLatencyModel({self.arch.name}, {self.gpu.name}, tp={p.tp} dp={p.dp} ep={p.ep}, {self.dtype})"
         )
+
+    def _allreduce_grid(self, entry: Mapping[str, Any], par: Parallelism) -> list[float]:
+        """One all-reduce of ``m * hidden`` bf16 elements over the attention TP group, on the m grid (ms).
+
+        Within a node: vLLM's custom all-reduce table. A group spanning ``n`` nodes of ``g`` GPUs (TP16 on two
+        8-GPU nodes) runs NCCL's hierarchical all-reduce (vLLM's custom all-reduce is single-node only):
+        reduce-scatter inside each node (NCCL table, g GPUs), a ring all-reduce of each GPU's 1/g shard
+        between the nodes over its NIC (``2 (n-1)/n x shard`` bytes at the NIC's line rate, gpus.yaml; the
+        same line-rate treatment as the internode all-to-all, which reproduces DeepEP's published internode
+        times), then an all-gather inside the node (NCCL table)."""
+        if par.tp_nodes <= 1:
+            return [float(x) for x in entry["allreduce_ms"][f"tp{par.tp}"]]
+        g = par.tp // par.tp_nodes
+        nccl = entry.get("nccl_ms")
+        if nccl is None or f"g{g}" not in nccl["reduce_scatter"]:
+            raise ValueError(
+                f"parallelism: no NCCL tables for a TP{par.tp} all-reduce over {par.tp_nodes} nodes of {g} "
+                f"GPUs for {self.arch.name} on {self.gpu.name}"
+            )
+        n = par.tp_nodes
+        nic_bytes_per_ms = self.gpu.nic_gbit * 1e9 / 8 / 1000
+        out = []
+        for m, rs, ag in zip(
+            self._grid, nccl["reduce_scatter"][f"g{g}"], nccl["all_gather"][f"g{g}"], strict=True
+        ):
+            shard = m * self.arch.hidden * 2 / g  # bf16 bytes of one GPU's slice after the reduce-scatter
+            out.append(float(rs) + float(ag) + 2 * (n - 1) / n * shard / nic_bytes_per_ms)
+        return out
+
+    def allreduce_ms(self, m: float) -> float:
+        """One attention-TP all-reduce of ``m`` tokens per GPU (ms; 0 without TP)."""
+        return self._grid_ms(self._ar, m) if self._ar is not None else 0.0
 
     # --- memory ----------------------------------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
@@ -432,12 +486,22 @@ class MoeLatencyModel(LatencyModel):
         bd = math.ceil(decode_seqs / dp) if decode_seqs else 0
         prefill_tokens = max(0, m - bd) if prefill_attn_work > 0 else 0
         mode: Mode = "normal" if prefill_tokens else "ll"
-        ar = self._grid_ms(self._ar, m) if self._ar is not None else 0.0
-        attn = self._attention_ms(m, prefill_tokens, prefill_attn_work / dp, bd, decode_context_tokens / dp)
-        per_layer = attn + ar
+        ar = self.allreduce_ms(m)
+        work, ctx = prefill_attn_work / dp, decode_context_tokens / dp
+        attn = self._attention_ms(m, prefill_tokens, work, bd, ctx)
+        total = a.full_layers * (attn + ar)
+        if a.sliding_layers:
+            # each token attends to at most the last ``w`` positions: prefill work (units of sum(2*chunk*prior
+            # + chunk^2), about 2 x the positions attended) capped at 2*w per token, decode context at w per
+            # sequence
+            w = a.sliding_window
+            sw = self._attention_ms(
+                m, prefill_tokens, min(work, 2.0 * w * prefill_tokens), bd, min(ctx, w * bd)
+            )
+            total += a.sliding_layers * (sw + ar)
         dense = self._grid_ms(self._gemm["dense_ffn_ms"], m) + ar
         ffn_layers = a.dense_layers if a.routed_experts else a.layers
-        total = a.layers * per_layer + ffn_layers * dense
+        total += ffn_layers * dense
         if a.moe_layers:
             total += a.moe_layers * self._moe_layer_ms(m, mode)
         total += self._grid_ms(self._gemm["lm_head_ms"], math.ceil(num_seqs / dp))

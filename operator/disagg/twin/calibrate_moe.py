@@ -56,6 +56,12 @@ from disagg.twin.calibrate import (
 
 GPUS: dict[str, str] = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 ATTN_TPS: tuple[int, ...] = (1, 2, 4, 8)
+# tensor parallelism beyond one node, for dense models only (a MoE model spans nodes by expert parallelism)
+MULTINODE_TPS: tuple[int, ...] = (16,)
+# NCCL collectives (reduce-scatter and all-gather inside a node, for a tensor-parallel group spanning nodes)
+# by GPUs per node; H200 has no NCCL table: its NVSwitch fabric is H100's (NVLink 4, 900 GB/s, gpus.yaml)
+NCCL_GPUS: tuple[int, ...] = (2, 4, 8)
+NCCL_FOLDER = {"h200": "h100_sxm"}
 DTYPES: tuple[str, ...] = ("bf16", "fp8", "fp4")
 # DeepEP's normal kernels run on Buffer.num_sms = 20 SMs by default (deepseek-ai/DeepEP deep_ep/buffer.py).
 DEEPEP_NORMAL_SMS = 20
@@ -116,9 +122,14 @@ def dense_gemm_dtype(arch: MoeArch, dtype: str, gpu: str) -> str | None:
     return GEMM_DTYPE[dtype]
 
 
+def attn_tps(arch: MoeArch) -> tuple[int, ...]:
+    """The attention TP sizes tabulated for ``arch``: 1-8 within a node, 16 (two nodes) for dense models."""
+    return ATTN_TPS if arch.routed_experts else ATTN_TPS + MULTINODE_TPS
+
+
 def gemm_grids(arch: MoeArch, gemm: GemmTable, lm_gemm: GemmTable) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for tp in ATTN_TPS:
+    for tp in attn_tps(arch):
         heads = max(1, arch.heads // tp)
         kvh = max(1, arch.kv_heads // tp)
         if arch.attention == "gqa":
@@ -200,10 +211,13 @@ def gqa_fits(t: Tables, arch: MoeArch, kv: str) -> dict[str, Any]:
     ctx_rows = t.rows("attention_vllm_0.24.0_context_attention_perf")
     gen_rows = t.rows("attention_vllm_0.24.0_generation_attention_perf")
     out: dict[str, Any] = {}
-    for tp in ATTN_TPS:
+    for tp in attn_tps(arch):
         heads, kvh = max(1, arch.heads // tp), max(1, arch.kv_heads // tp)
-        ca, cc = fit_context_attention(ctx_rows, heads, kvh, arch.head_dim, kv_name)
-        ga, gg = fit_generation_attention(gen_rows, heads, kvh, arch.head_dim, kv_name)
+        try:
+            ca, cc = fit_context_attention(ctx_rows, heads, kvh, arch.head_dim, kv_name)
+            ga, gg = fit_generation_attention(gen_rows, heads, kvh, arch.head_dim, kv_name)
+        except ValueError:
+            continue  # a shape the tables lack (Llama-405B's 128 heads on one GPU, which it does not fit)
         out[f"tp{tp}"] = {"ctx_ms": [ca, 0.0, cc], "gen_ms": [ga, 0.0, gg]}
     return out
 
@@ -211,6 +225,38 @@ def gqa_fits(t: Tables, arch: MoeArch, kv: str) -> dict[str, Any]:
 def allreduce_grids(t: Tables, hidden: int) -> dict[str, list[float]]:
     ar = AllReduceTable(t.rows("comm_vllm_0.24.0_custom_allreduce_perf"))
     return {f"tp{tp}": [round(ar.latency(tp, m * hidden), 6) for m in M_GRID] for tp in ATTN_TPS}
+
+
+class NcclTable:
+    """NCCL collective times (ms) by GPUs and message elements (``comm_nccl_2.27.3_nccl_perf``, fp16; its
+    ``message_size`` counts elements as the custom all-reduce table's does: both give 1.09 ms for a 2^27
+    element all-reduce over 8 H100s); log-interpolated, proportional beyond the largest message."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]], op: str) -> None:
+        by: dict[int, dict[int, float]] = defaultdict(dict)
+        for r in rows:
+            if r["op_name"] == op and r["nccl_dtype"] == "half":
+                g, size = int(r["num_gpus"]), int(r["message_size"])
+                by[g][size] = min(float(r["latency"]), by[g].get(size, float("inf")))
+        self._tables = {g: sorted(v.items()) for g, v in by.items()}
+
+    def latency(self, gpus: int, elements: int) -> float:
+        sizes, lats = zip(*self._tables[gpus], strict=True)
+        if elements >= sizes[-1]:
+            return float(lats[-1] * elements / sizes[-1])
+        return float(np.interp(np.log(max(elements, 1)), np.log(sizes), lats))
+
+
+def nccl_grids(t: Tables, hidden: int) -> dict[str, Any]:
+    """Reduce-scatter and all-gather of ``m * hidden`` bf16 elements inside one node of g GPUs: the
+    intra-node halves of a hierarchical all-reduce over several nodes (:mod:`disagg.perf.moe` adds the
+    inter-node ring over the NICs between them)."""
+    rows = t.rows("comm_nccl_2.27.3_nccl_perf")
+    out: dict[str, Any] = {}
+    for op in ("reduce_scatter", "all_gather"):
+        table = NcclTable(rows, op)
+        out[op] = {f"g{g}": [round(table.latency(g, m * hidden), 6) for m in M_GRID] for g in NCCL_GPUS}
+    return out
 
 
 def _token_table(points: Iterable[tuple[int, float]]) -> dict[str, list[float]]:
@@ -301,7 +347,9 @@ def deepep_tables(t: Tables, arch: MoeArch) -> dict[str, Any]:
     return {"measured_shape": list(shape), "normal": table(nm_pts), "ll": table(ll_pts)}
 
 
-def entry(t: Tables, arch: MoeArch, gpu: str, dtype: str) -> dict[str, Any] | None:
+def entry(
+    t: Tables, arch: MoeArch, gpu: str, dtype: str, nccl: Tables | None = None
+) -> dict[str, Any] | None:
     gemm_dtype = dense_gemm_dtype(arch, dtype, gpu)
     gemm = t.gemm(gemm_dtype) if gemm_dtype else None
     lm_gemm = t.gemm("bfloat16")
@@ -314,6 +362,8 @@ def entry(t: Tables, arch: MoeArch, gpu: str, dtype: str) -> dict[str, Any] | No
         "allreduce_ms": allreduce_grids(t, arch.hidden),
         "attn": {},
     }
+    if not arch.routed_experts and nccl is not None:
+        out["nccl_ms"] = nccl_grids(nccl, arch.hidden)
     for kv in ("bf16", "fp8"):
         if arch.attention == "mla":
             fits = mla_fits(t, arch, GEMM_DTYPE[dtype] if dtype != "fp4" else "nvfp4", kv)
@@ -346,9 +396,10 @@ def calibrate(cal: Path) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for gpu, folder in GPUS.items():
         t = Tables(cal / "aiconfigurator" / folder)
+        nccl = Tables(cal / "aiconfigurator" / NCCL_FOLDER.get(gpu, folder))
         for name, arch in archs.items():
             for dtype in DTYPES:
-                e = entry(t, arch, gpu, dtype)
+                e = entry(t, arch, gpu, dtype, nccl)
                 if e is not None:
                     entries[f"{name}/{gpu}/{dtype}"] = e
     return {"m_grid": list(M_GRID), "profiles": entries}

@@ -57,8 +57,8 @@ class PoolSpec:
     def __post_init__(self) -> None:
         if self.replicas < 0:
             raise ValueError(f"replicas: must be >= 0, got {self.replicas}")
-        if self.tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp: must be 1, 2, 4 or 8, got {self.tp}")
+        if self.tp not in (1, 2, 4, 8, 16):
+            raise ValueError(f"tp: must be 1, 2, 4, 8 or 16 (two nodes, dense models), got {self.tp}")
         u = self.gpu_memory_utilization
         if u is not None and not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u}")
