@@ -346,3 +346,36 @@ def test_twin_document_with_a_two_node_dense_tp16_pool_simulates() -> None:
     reqs = [Request(i * 1.0, 2000, 50) for i in range(10)]
     res = simulate(dep, reqs, seed=1)
     assert len(res.ttft) == 10 and not np.isnan(res.e2e).any()
+
+
+# --- H800: H100 with NVLink cut to 400 GB/s -----------------------------------------------------------------
+def test_h800_all_to_all_is_slower_than_h100_and_compute_is_not() -> None:
+    h100, h800 = (
+        load_moe_latency_model("deepseek-r1", g, "fp8", parallelism=Parallelism.wide_ep(32))
+        for g in ("h100", "h800")
+    )
+    assert h800.gpu.nvlink_gbps == 400 and h800.gpu.nic_gbit == h100.gpu.nic_gbit
+    for mode, m in (("normal", 4096), ("normal", 16384), ("ll", 128)):
+        assert h800.all_to_all_ms(m, mode) > h100.all_to_all_ms(m, mode), (mode, m)  # type: ignore[arg-type]
+    # within a node the NVLink-bound part stretches by 900/400 above the table's latency floor (over 4 nodes
+    # the NICs, the same on both, carry most of it); kernels are H100's
+    one = Parallelism.wide_ep(16, gpus_per_node=16, overlap=False)
+    n100, n800 = (load_moe_latency_model("deepseek-r1", g, "fp8", parallelism=one) for g in ("h100", "h800"))
+    assert 1.8 < n800.all_to_all_ms(16384, "normal") / n100.all_to_all_ms(16384, "normal") <= 900 / 400
+    assert h800._entry["gemm"] == h100._entry["gemm"] and h800._entry["moe"] == h100._entry["moe"]
+    assert h800.prefill_time_s([2000] * 64) > h100.prefill_time_s([2000] * 64)
+    assert load_latency_model("qwen3-32b", "NVIDIA-H800", 8, "fp8").gpu.name == "h800"  # the product label
+
+
+def test_h800_intranode_dispatch_combine_matches_deepep_published() -> None:
+    """Held out: deepseek-ai/DeepEP's README measures its normal kernels on H800 within a node (8 ranks,
+    4096 tokens per rank, hidden 7168, top-8 of 256 experts, FP8 dispatch, BF16 combine) at 153 GB/s dispatch
+    and 158 GB/s combine, bytes counted as tokens received per rank (tests/test_intranode.py)."""
+    ranks, experts, topk, hidden, tokens = 8, 256, 8, 7168, 4096
+    per_rank = experts // ranks
+    miss = math.comb(experts - per_rank, topk) / math.comb(experts, topk)
+    received = tokens * ranks * (1 - miss)  # tokens that reach one rank, each once
+    published_ms = (received * hidden * (1 + 4 / 128) / 153e9 + received * hidden * 2 / 158e9) * 1000
+    one_node = Parallelism.wide_ep(16, gpus_per_node=16, overlap=False)  # nodes == 1: the one-node table
+    twin = load_moe_latency_model("deepseek-r1", "h800", "fp8", parallelism=one_node)
+    assert twin.all_to_all_ms(tokens, "normal") == pytest.approx(published_ms, rel=0.15)

@@ -27,6 +27,11 @@ tables cover, one entry ``model/gpu/dtype`` holds per-layer times (ms) for ONE G
   the nearest measured shape scaled by bytes per token. The tables hold one node only; more nodes are
   modelled in :mod:`disagg.perf.moe` (remote bytes over the NIC).
 
+H800 has no tables: its entries are H100's with the NVLink-bound collectives (custom all-reduce, NCCL,
+DeepEP's one-node all-to-all) slowed by the NVLink ratio 900/400 above each table's latency floor
+(:func:`slow_links`); dense models also get TP16 attention/GEMM tables and ``nccl_ms`` (intra-node
+reduce-scatter/all-gather from ``comm_nccl_2.27.3_nccl_perf``) for a tensor-parallel group over two nodes.
+
 The sums leave out norms, rope, activations and CPU overhead like the dense profiles; the runtime section of
 coefficients.yaml (``overhead_factor``, ``step_overhead_ms``) applies to both.
 """
@@ -42,7 +47,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from disagg.perf.latency import PROFILES_DIR
+from disagg.perf.latency import PROFILES_DIR, load_gpu_spec
 from disagg.perf.moe import MoeArch, load_moe_archs
 from disagg.twin.calibrate import (
     DEFAULT_CALIBRATION,
@@ -54,7 +59,10 @@ from disagg.twin.calibrate import (
     fit_generation_attention,
 )
 
-GPUS: dict[str, str] = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
+GPUS: dict[str, str] = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "h800": "h100_sxm"}
+# GPUs with no tables of their own: H800 is H100 with NVLink cut from 900 to 400 GB/s (gpus.yaml), so its
+# entries are H100's with every NVLink-bound collective slowed by the NVLink ratio (:func:`slow_links`)
+NVLINK_OF: dict[str, str] = {"h800": "h100"}
 ATTN_TPS: tuple[int, ...] = (1, 2, 4, 8)
 # tensor parallelism beyond one node, for dense models only (a MoE model spans nodes by expert parallelism)
 MULTINODE_TPS: tuple[int, ...] = (16,)
@@ -391,10 +399,42 @@ def entry(
     return out
 
 
+def _slow(grid: list[float], ratio: float) -> list[float]:
+    """A collective's times with its bandwidth divided by ``ratio``: the part above the table's latency floor
+    (its fastest nonzero point, launch and synchronisation) stretches, the floor does not."""
+    floor = min((x for x in grid if x > 0), default=0.0)
+    return [round(floor + (x - floor) * ratio, 6) if x > 0 else 0.0 for x in grid]
+
+
+def slow_links(e: dict[str, Any], ratio: float, gpu: str, like: str) -> dict[str, Any]:
+    """Entry ``e`` of GPU ``like`` for ``gpu`` whose NVLink is ``ratio`` times slower: the custom all-reduce,
+    the intra-node NCCL collectives and DeepEP's one-node dispatch/combine (all NVLink-bound) slowed; GEMMs,
+    attention and MoE kernels as measured (same SMs, HBM and clocks). The NIC part of multi-node collectives
+    comes from gpus.yaml at run time."""
+    out = dict(e)
+    out["source"] = f"{e['source']}; {gpu}: the {like} tables with NVLink-bound collectives x{ratio:.2f}"
+    out["allreduce_ms"] = {k: _slow(v, ratio) for k, v in e["allreduce_ms"].items()}
+    if "nccl_ms" in e:
+        out["nccl_ms"] = {op: {k: _slow(v, ratio) for k, v in g.items()} for op, g in e["nccl_ms"].items()}
+    if "deepep" in e:
+        dep = dict(e["deepep"])
+        for mode in ("normal", "ll"):
+            dep[mode] = {"tokens": e["deepep"][mode]["tokens"], "ms": _slow(e["deepep"][mode]["ms"], ratio)}
+        out["deepep"] = dep
+    return out
+
+
 def calibrate(cal: Path) -> dict[str, Any]:
     archs = load_moe_archs()
     entries: dict[str, Any] = {}
     for gpu, folder in GPUS.items():
+        if gpu in NVLINK_OF:
+            like = NVLINK_OF[gpu]
+            ratio = load_gpu_spec(like).nvlink_gbps / load_gpu_spec(gpu).nvlink_gbps
+            for key in [k for k in entries if k.split("/")[1] == like]:
+                name, _, dtype = key.split("/")
+                entries[f"{name}/{gpu}/{dtype}"] = slow_links(entries[key], ratio, gpu, like)
+            continue
         t = Tables(cal / "aiconfigurator" / folder)
         nccl = Tables(cal / "aiconfigurator" / NCCL_FOLDER.get(gpu, folder))
         for name, arch in archs.items():
