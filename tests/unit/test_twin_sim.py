@@ -297,3 +297,22 @@ def test_kv_cache_dtype_comes_from_the_engine_args_of_a_disaggregated_deployment
     assert SimDeployment.from_dict(fp8).kv_dtype == "fp8"
     with pytest.raises(ValueError, match=r"^kv_dtype"):
         pd_8b(kv_dtype="int4")
+
+
+def test_closed_loop_clients_start_together_and_drift_by_jitter() -> None:
+    """ClosedLoop.jitter_s: all clients send at t=0 and each later request follows its client's previous
+    one by a seeded uniform delay in [0, jitter_s]; every request of ``total`` is still served."""
+    from disagg.twin.sim import ClosedLoop
+
+    dep = SimDeployment(model="llama-3.1-8b", mode="colocated", colocated=PoolSpec(1, 1))
+    locked = simulate(dep, [], closed_loop=ClosedLoop(4, 512, 32, 24), seed=1)
+    drift = simulate(dep, [], closed_loop=ClosedLoop(4, 512, 32, 24, jitter_s=0.5), seed=1)
+    for res in (locked, drift):
+        assert len(res.ttft) == 24 and np.all(np.isfinite(res.ttft))
+        assert np.all(res.arrival[:4] == 0.0)
+    # without drift a request is sent the moment one finishes; with it, clients fall out of step
+    finish = np.sort(locked.arrival[:20] + locked.e2e[:20])
+    assert set(np.round(locked.arrival[4:], 9)) <= set(np.round(finish, 9))
+    assert np.ptp(drift.arrival[20:]) > np.ptp(locked.arrival[20:])
+    again = simulate(dep, [], closed_loop=ClosedLoop(4, 512, 32, 24, jitter_s=0.5), seed=1)
+    assert np.array_equal(again.arrival, drift.arrival)
