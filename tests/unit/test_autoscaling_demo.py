@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from disagg.demo import (
     summarise,
     write_report,
 )
+from disagg.twin import html_report
 from disagg.twin.live.load import ClientResult, LoadReport
 
 SETTINGS = DemoSettings(
@@ -153,10 +155,21 @@ def test_summary_without_recovery() -> None:
 def test_report_has_page_plot_and_data(tmp_path: Path) -> None:
     decisions = [{"time": "t", "prefill": 3, "decode": 2, "cause": "TTFTBreachPrefillQueue", "message": "m"}]
     events = [{"time": "t", "type": "Normal", "reason": "TTFTBreachPrefillQueue", "message": "<x>"}]
-    page, png, data = write_report(RUN, decisions, events, SETTINGS, tmp_path / "r")
+    page, data = write_report(RUN, decisions, events, SETTINGS, tmp_path / "r")
     text = page.read_text()
-    assert "TTFTBreachPrefillQueue" in text and "&lt;x&gt;" in text and 'src="timeline.png"' in text
-    assert png.read_bytes().startswith(b"\x89PNG")
+    assert "TTFTBreachPrefillQueue" in text and "&lt;x&gt;" in text
+    # one interactive figure, plotly.js inline once (the page works offline): TTFT, ITL, replicas per role
+    timeline = html_report.figures(text)["timeline"]
+    traces = {t["name"]: t for t in timeline["data"]}
+    assert {"prefill desired", "decode desired", "prefill ready", "decode ready"} <= set(traces)
+    assert len(traces["prefill desired"]["x"]) == len(RUN)
+    slo = [t for t in timeline["data"] if t["meta"]["kind"] == "slo"]
+    assert sorted(t["meta"]["value"] for t in slo) == sorted([SETTINGS.ttft_slo_s, SETTINGS.itl_slo_s])
+    changes = sum((a.prefill, a.decode) != (b.prefill, b.decode) for a, b in itertools.pairwise(RUN))
+    (marks,) = [t for t in timeline["data"] if t["meta"]["kind"] == "decisions"]
+    assert len(marks["x"]) == changes > 0
+    assert sum("plotly.js v" in s[:200] for s in html_report.scripts(text)) == 1
+    assert not list(page.parent.glob("*.png"))
     assert '"recovered": true' in data.read_text()
 
 
@@ -235,6 +248,6 @@ def test_the_operators_planned_startup_is_read_from_its_condition() -> None:
 
 
 def test_the_report_shows_the_startup(tmp_path: Path) -> None:
-    page, _, data = write_report(RUN, [], [], SETTINGS, tmp_path / "r", ["prefill pod p: Ready 5 s <x>"])
+    page, data = write_report(RUN, [], [], SETTINGS, tmp_path / "r", ["prefill pod p: Ready 5 s <x>"])
     assert "Ready 5 s &lt;x&gt;" in page.read_text()
     assert "prefill pod p: Ready 5 s" in data.read_text()

@@ -86,11 +86,11 @@ def test_the_twin_extra_is_left_out_and_named(image_env: Path) -> None:
         [
             str(image_env / "bin" / "python"),
             "-c",
-            "import importlib.util as u; print(u.find_spec('matplotlib'))",
+            "import importlib.util as u; print(u.find_spec('plotly'))",
         ],
         cwd=image_env,
     )
-    assert missing.stdout.strip() == "None", "the core install pulled in matplotlib (the twin extra's)"
+    assert missing.stdout.strip() == "None", "the core install pulled in plotly (the twin extra's)"
     result = _run([str(image_env / "bin" / "disagg"), "cluster", "--help"], cwd=image_env)  # needs httpx
     assert result.returncode == 2
     assert "pip install 'disagg[twin]'" in result.stderr

@@ -22,7 +22,7 @@ The package's modules, each one concern:
 * :mod:`~disagg.demo.traffic` - the phases' requests through the released router;
 * :mod:`~disagg.demo.harness` - the processes of the closed loop (Prometheus, operator, twin, router);
 * :mod:`~disagg.demo.live` - the live table and progress while the traffic runs;
-* :mod:`~disagg.demo.report` - report.html, timeline.png and samples.json;
+* :mod:`~disagg.demo.report` - report.html (interactive plots) and samples.json;
 * :mod:`~disagg.demo.cli` - ``disagg demo``.
 
 The scenario, the harness, the live table and the report are shared with the closed-loop e2e test

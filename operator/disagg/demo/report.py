@@ -1,6 +1,7 @@
-"""The demo's report: reports/demo/report.html (summary, timeline plot, scale-up start-up, decisions,
-Events) through the writer ``disagg simulate`` uses too (:mod:`disagg.twin.html_report`), timeline.png
-beside it, and samples.json with everything the page shows."""
+"""The demo's report: reports/demo/report.html (summary, interactive timeline, scale-up start-up,
+decisions, Events) through the writer and the plot style ``disagg simulate`` uses too
+(:mod:`disagg.twin.html_report`, :mod:`disagg.twin.plots`), and samples.json with everything the page
+shows."""
 
 from __future__ import annotations
 
@@ -30,53 +31,100 @@ def _series(
     return xs, ys
 
 
-def plot_report(samples: Sequence[Sample], settings: DemoSettings, path: Path) -> Path:
-    """TTFT and ITL vs their SLOs, and replicas per role, over time (phase changes shaded)."""
-    plt = html_report.pyplot()
-    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
-    ttft_ax, itl_ax, rep_ax = axes
-    for name, start, end in phase_edges(settings):
-        for ax in axes:
-            ax.axvspan(start, end, alpha=0.08 if name == settings.phases[0].name else 0.16, color="tab:gray")
-        ttft_ax.text(start + 1, 0.02, name, transform=ttft_ax.get_xaxis_transform(), va="bottom", fontsize=9)
-    xs, ys = _series(samples, lambda s: s.ttft_s)
-    ttft_ax.plot(xs, ys, marker=".", label=f"TTFT p{settings.percentile:.0f}")
-    ttft_ax.axhline(settings.ttft_slo_s, color="tab:red", linestyle="--", label="SLO")
-    ttft_ax.set_ylabel("TTFT (s)")
-    ttft_ax.legend(loc="upper right", fontsize=8)
-    xs, ys = _series(samples, lambda s: s.itl_s)
-    itl_ax.plot(
-        xs, [y * 1000 for y in ys], marker=".", color="tab:green", label=f"ITL p{settings.percentile:.0f}"
-    )
-    itl_ax.axhline(settings.itl_slo_s * 1000, color="tab:red", linestyle="--", label="SLO")
-    itl_ax.set_ylabel("ITL (ms)")
-    itl_ax.legend(loc="upper right", fontsize=8)
-    for role, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
-        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, r)))  # type: ignore[misc]
-        rep_ax.step(xs, ys, where="post", color=color, label=f"{role} desired")
-        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, f"{r}_ready")))  # type: ignore[misc]
-        rep_ax.plot(xs, ys, linestyle=":", color=color, label=f"{role} ready")
-    changes = [b for a, b in itertools.pairwise(samples) if (a.prefill, a.decode) != (b.prefill, b.decode)]
-    for sample in changes:
-        rep_ax.axvline(sample.elapsed_s, color="tab:purple", alpha=0.3)
-        rep_ax.text(
-            sample.elapsed_s,
-            0.02,
-            sample.cause,
-            rotation=90,
-            fontsize=7,
-            transform=rep_ax.get_xaxis_transform(),
-            va="bottom",
+def timeline_figure(samples: Sequence[Sample], settings: DemoSettings) -> Any:
+    """TTFT and ITL against their SLOs, and replicas per role, over time (phases shaded and named, each
+    change of P:D marked with its cause): one interactive plotly figure, shared time axis."""
+    from plotly.subplots import make_subplots
+
+    from disagg.twin.plots import PALETTE, SLO_COLOR, layout
+
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    for i, (name, start, end) in enumerate(phase_edges(settings)):
+        fig.add_vrect(
+            x0=start,
+            x1=end,
+            fillcolor="rgba(127,127,127,0.08)" if i == 0 else "rgba(127,127,127,0.16)",
+            line_width=0,
+            layer="below",
+            row="all",
+            col=1,
+            exclude_empty_subplots=False,
         )
-    rep_ax.set_ylabel("replicas")
-    rep_ax.set_xlabel("time since start (s)")
-    rep_ax.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"disagg closed loop: {settings.deployment} ({settings.engine}, {settings.connector})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        fig.add_annotation(x=start, y=1.0, xref="x", yref="paper", text=name, showarrow=False, xanchor="left")
+    percentile = f"p{settings.percentile:.0f}"
+    for row, what, unit, scale, pick, slo, color in (
+        (1, "TTFT", "s", 1.0, lambda s: s.ttft_s, settings.ttft_slo_s, PALETTE[0]),
+        (2, "ITL", "ms", 1000.0, lambda s: s.itl_s, settings.itl_slo_s, PALETTE[2]),
+    ):
+        xs, ys = _series(samples, pick)
+        fig.add_scatter(
+            x=xs,
+            y=[None if math.isnan(y) else y * scale for y in ys],
+            name=f"{what} {percentile}",
+            mode="lines+markers",
+            marker={"size": 4},
+            line={"color": color},
+            hovertemplate=f"{what} {percentile} %{{y:.3g}} {unit} at %{{x:.0f}} s<extra></extra>",
+            meta={"kind": "latency", "metric": what.lower()},
+            row=row,
+            col=1,
+        )
+        fig.add_scatter(
+            x=[0.0, xs[-1] if xs else 0.0],
+            y=[slo * scale, slo * scale],
+            name=f"{what} SLO {slo * scale:g} {unit}",
+            mode="lines",
+            line={"color": SLO_COLOR, "dash": "dashdot", "width": 1.5},
+            meta={"kind": "slo", "metric": what.lower(), "value": slo},
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(title_text=f"{what} ({unit})", rangemode="tozero", row=row, col=1)
+    for role, color in (("prefill", PALETTE[0]), ("decode", PALETTE[1])):
+        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, r)))  # type: ignore[misc]
+        fig.add_scatter(
+            x=xs,
+            y=ys,
+            name=f"{role} desired",
+            mode="lines",
+            line={"shape": "hv", "color": color, "width": 2},
+            meta={"kind": "replicas", "role": role, "state": "desired"},
+            row=3,
+            col=1,
+        )
+        xs, ys = _series(samples, lambda s, r=role: float(getattr(s, f"{r}_ready")))  # type: ignore[misc]
+        fig.add_scatter(
+            x=xs,
+            y=ys,
+            name=f"{role} ready",
+            mode="lines",
+            line={"color": color, "dash": "dot", "width": 1},
+            meta={"kind": "replicas", "role": role, "state": "ready"},
+            row=3,
+            col=1,
+        )
+    changes = [b for a, b in itertools.pairwise(samples) if (a.prefill, a.decode) != (b.prefill, b.decode)]
+    fig.add_scatter(
+        x=[s.elapsed_s for s in changes],
+        y=[max(s.prefill, s.decode) + 0.3 for s in changes],
+        text=[
+            f"<b>{html.escape(s.cause)}</b> at {s.elapsed_s:.0f} s<br>P:D {s.prefill}:{s.decode}"
+            + (f"<br>{html.escape(s.message)}" if s.message else "")
+            for s in changes
+        ],
+        hovertemplate="%{text}<extra></extra>",
+        name="P:D changed (hover: cause)",
+        mode="markers",
+        marker={"symbol": "triangle-down", "size": 10, "color": PALETTE[4]},
+        meta={"kind": "decisions"},
+        row=3,
+        col=1,
+    )
+    fig.update_yaxes(title_text="replicas", rangemode="tozero", row=3, col=1)
+    fig.update_xaxes(title_text="time since start (s)", row=3, col=1)
+    layout(fig, 800)
+    fig.update_layout(hovermode="closest")
+    return fig
 
 
 def write_report(
@@ -87,10 +135,9 @@ def write_report(
     out_dir: Path,
     startup: Sequence[str] = (),
 ) -> list[Path]:
-    """report.html (summary, plot, scale-up start-up, decisions, events), timeline.png and samples.json
-    under ``out_dir``."""
+    """report.html (summary, interactive timeline, scale-up start-up, decisions, events; one file, plotly.js
+    inline) and samples.json under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot_report(samples, settings, out_dir / "timeline.png")
     outcome = summarise(samples, settings)
     data = out_dir / "samples.json"
     data.write_text(
@@ -133,7 +180,7 @@ def write_report(
             ),
             html_report.table(summary, ["what", "value"]),
             html_report.heading("Timeline"),
-            html_report.image(png.name, "TTFT, ITL and replicas over time", width="100%"),
+            html_report.figure(timeline_figure(samples, settings), "timeline"),
             html_report.heading("Scale-up start-up (pod creation to Ready)"),
             html_report.bullets(startup),
             html_report.heading("Decisions (status.autoscaling.decisions, newest first)"),
@@ -142,4 +189,4 @@ def write_report(
             html_report.table(events, ["time", "type", "reason", "message"]),
         ],
     )
-    return [page, png, data]
+    return [page, data]

@@ -33,7 +33,7 @@ from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.clicommon import EXIT_FAILURE
 from disagg.twin import profiles, traffic_args
-from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts
+from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts, policy_run_trace
 from disagg.twin.report import Report, build_report, format_table, write_html
 from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import load_trace, scale_rate, truncate
@@ -299,6 +299,13 @@ def run(args: argparse.Namespace) -> int:
             reports,
             title=f"disagg simulate: {source}",
             findings=[*(f"note: {n}" for n in notes), *findings],
+            traces={
+                results[0][0]: policy_run_trace(
+                    results[0][1], log, dep, policy.spec, slo.ttft_s, slo.itl_s, slo.percentile
+                )
+            }
+            if ctl is not None and policy is not None
+            else None,
         )
         summary = {
             "trace": str(args.trace) if args.trace is not None else None,

@@ -2,8 +2,10 @@
 
 :class:`DecisionRecord` is one ``disagg.policy.decide`` call in the loop (targets, primary cause, every
 reason). :func:`cause_counts` counts the primary causes; :func:`bound_spans` finds the spans during which
-a pool sat at its maxReplicas, or both pools at the GPU budget, while the SLO was missed: the requests
-arriving in the span met it less often than the SLO percentile.
+a pool sat at its maxReplicas, or both pools at the GPU budget, or a pool at the ceiling its Pending pods
+taught the policy, while the SLO was missed: the requests arriving in the span met it less often than the
+SLO percentile (``missed_only=False``: every span a bound held). :class:`PolicyTrace` is what the report
+draws of one policy run: every decision and both kinds of span.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from disagg.policy.types import ROLES, Bounds
-from disagg.twin.sim import SimResult
+from disagg.twin.sim import SimDeployment, SimResult
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,25 @@ def cause_counts(records: Sequence[DecisionRecord]) -> list[tuple[str, int]]:
     return Counter(r.cause for r in records).most_common()
 
 
+def held_bounds(rec: DecisionRecord, bounds: Bounds, budget: int | None) -> list[str]:
+    """The bounds one decision ran into: a target at its pool's maxReplicas, no further replica of either
+    pool fitting the GPU budget (or the decision says BudgetClamp), a pool held at the ceiling its Pending
+    pods set (ScalingLimited)."""
+    held: list[str] = []
+    for role in ROLES:
+        target = rec.prefill if role == "prefill" else rec.decode
+        top = bounds.role(role).max_replicas
+        if target >= top:
+            held.append(f"{role} maxReplicas ({top})")
+    if budget is not None:
+        g = (bounds.prefill.gpus_per_replica, bounds.decode.gpus_per_replica)
+        used = rec.prefill * g[0] + rec.decode * g[1]
+        if any(c == "BudgetClamp" for c, _, _ in rec.reasons) or used + min(g) > budget:
+            held.append(f"GPU budget ({budget})")
+    held += [f"{role} Pending ceiling" for c, _, role in rec.reasons if c == "ScalingLimited" and role]
+    return held
+
+
 def bound_spans(
     result: SimResult,
     records: Sequence[DecisionRecord],
@@ -74,33 +96,23 @@ def bound_spans(
     ttft_s: float,
     itl_s: float,
     percentile: float,
+    missed_only: bool = True,
 ) -> list[BoundSpan]:
-    """Spans (merged consecutive evaluation intervals) where a bound held and the SLO was missed.
+    """Spans (merged consecutive evaluation intervals) where a bound held (:func:`held_bounds`) and the
+    SLO was missed; with ``missed_only=False`` every span a bound held, met or missed.
 
-    Each decision holds from its time to the next decision (the last one to the end of the run); a bound
-    holds when the decision's target is the pool's maxReplicas, or when no further replica of either pool
-    fits the GPU budget (or the decision says BudgetClamp)."""
+    Each decision holds from its time to the next decision (the last one to the end of the run)."""
     if not records:
         return []
     good = result.met_slo(ttft_s, itl_s)
-    g = {"prefill": bounds.prefill.gpus_per_replica, "decode": bounds.decode.gpus_per_replica}
     ends = [r.time for r in records[1:]] + [max(result.duration_s, records[-1].time)]
     spans: list[BoundSpan] = []
     open_: dict[str, BoundSpan] = {}
     for rec, end in zip(records, ends, strict=True):
-        held: list[str] = []
-        for role in ROLES:
-            target = rec.prefill if role == "prefill" else rec.decode
-            top = bounds.role(role).max_replicas
-            if target >= top:
-                held.append(f"{role} maxReplicas ({top})")
-        if budget is not None:
-            used = rec.prefill * g["prefill"] + rec.decode * g["decode"]
-            if any(c == "BudgetClamp" for c, _, _ in rec.reasons) or used + min(g.values()) > budget:
-                held.append(f"GPU budget ({budget})")
+        held = held_bounds(rec, bounds, budget)
         arriving = (result.arrival >= rec.time) & (result.arrival < end)
         n, ok = int(arriving.sum()), int((good & arriving).sum())
-        missed = n > 0 and ok / n < percentile
+        missed = (n > 0 and ok / n < percentile) or not missed_only
         for name in list(open_):
             if not (missed and name in held):
                 spans.append(open_.pop(name))
@@ -115,3 +127,46 @@ def bound_spans(
             )
     spans.extend(open_.values())
     return sorted(spans, key=lambda s: (s.start, s.bound))
+
+
+@dataclass(frozen=True)
+class PolicyTrace:
+    """What the report draws of one policy run: every decision, every span a bound held (``held``) and
+    those spans in which the SLO was missed (``missed``, the warnings)."""
+
+    decisions: tuple[DecisionRecord, ...]
+    held: tuple[BoundSpan, ...]
+    missed: tuple[BoundSpan, ...]
+
+
+def policy_trace(
+    result: SimResult,
+    records: Sequence[DecisionRecord],
+    bounds: Bounds,
+    budget: int | None,
+    ttft_s: float,
+    itl_s: float,
+    percentile: float,
+) -> PolicyTrace:
+    def spans(missed_only: bool) -> tuple[BoundSpan, ...]:
+        return tuple(bound_spans(result, records, bounds, budget, ttft_s, itl_s, percentile, missed_only))
+
+    return PolicyTrace(tuple(records), spans(False), spans(True))
+
+
+def policy_run_trace(
+    result: SimResult,
+    records: Sequence[DecisionRecord],
+    dep: SimDeployment,
+    spec: Any,
+    ttft_s: float,
+    itl_s: float,
+    percentile: float,
+) -> PolicyTrace:
+    """:func:`policy_trace` with the bounds a RatioPolicy ``spec`` gives the policy on ``dep`` (its pools'
+    maxReplicas and the effective GPU budget), as ``disagg simulate`` runs it."""
+    from disagg.policy.engine import effective_budget
+
+    bounds = dep.policy_bounds()
+    budget = effective_budget(spec, bounds)
+    return policy_trace(result, records, bounds, budget, ttft_s, itl_s, percentile)
