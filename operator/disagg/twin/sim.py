@@ -262,6 +262,10 @@ class ClosedLoop:
     total: int
     ramp_s: float = 0.0  # client i sends its first request at i * ramp_s / concurrency (desynchronises)
     random_start: bool = False  # first requests at seeded uniform-random times in [0, ramp_s] instead
+    # each later request is sent a seeded uniform-random [0, jitter_s] after its client's previous one
+    # finished (client and server-side per-request time the engine does not see): how clients that start
+    # together drift apart
+    jitter_s: float = 0.0
 
 
 _ARRIVAL_DONE = math.inf
@@ -291,6 +295,7 @@ class Simulator:
         self.progress = progress
         self.closed_loop = closed_loop
         self._closed_issued = 0
+        self._clients_waiting = 0  # closed-loop clients whose next send is scheduled (jitter_s)
         self.reqs = [
             SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes)
             for i, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
@@ -484,9 +489,14 @@ class Simulator:
                 w.prefill_time.append(req.prefill_done_time - req.prefill_start)
         self.done += len(ev.finished) + len(ev.rejected)
         self.rejected += len(ev.rejected)
-        if self.closed_loop is not None:
+        cl = self.closed_loop
+        if cl is not None:
             for _ in ev.finished:
-                self._issue_closed_loop()
+                if cl.jitter_s > 0 and self._closed_issued + self._clients_waiting < cl.total:
+                    self._clients_waiting += 1
+                    self._push(self.now + self.rng.uniform(0, cl.jitter_s), self.CLIENT, True)
+                else:
+                    self._issue_closed_loop()
         self._kick(rep)
         self._maybe_retire(rep)
 
@@ -623,7 +633,7 @@ class Simulator:
         heap = self.heap
         self._push(self.interval, self.TICK, None)
         next_progress = 0.0
-        while self.done < len(reqs) or i < n:
+        while self.done < len(reqs) or i < n or self._clients_waiting:
             t_arr = reqs[i].arrival if i < n else _ARRIVAL_DONE
             t_evt = heap[0][0] if heap else _ARRIVAL_DONE
             if t_arr == _ARRIVAL_DONE and t_evt == _ARRIVAL_DONE:
@@ -649,10 +659,11 @@ class Simulator:
             elif kind == self.FRONTEND:
                 self._route(self.first_pool, obj)
             elif kind == self.CLIENT:
+                self._clients_waiting -= obj is True  # a drifting client's send, not a ramped first one
                 self._issue_closed_loop()
             else:
                 self._on_tick()
-                if self.done < len(reqs) or i < n:
+                if self.done < len(reqs) or i < n or self._clients_waiting:
                     self._push(self.now + self.interval, self.TICK, None)
             if self.progress is not None and self.now >= next_progress:
                 self.progress(self.now, self.done, len(reqs))
