@@ -10,7 +10,10 @@
   DisaggregatedDeployment.
 * :mod:`disagg.twin.sim` - the discrete-event simulator (pools, routing, KV transfer, scaling, observations).
 * :mod:`disagg.twin.traffic` - Azure / Mooncake / BurstGPT loaders and synthetic generators.
-* :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, the simulation's plots.
-* :mod:`disagg.twin.html_report` - the HTML report writer of `disagg simulate` and `disagg demo`.
+* :mod:`disagg.twin.report` - goodput, SLO attainment, percentiles, GPU-hours, per-window load and
+  attainment, why attainment is what it is, the HTML report.
+* :mod:`disagg.twin.plots` - its interactive figures (plotly), whose style the demo's report shares.
+* :mod:`disagg.twin.decisions` - the policy's decisions in the loop and the spans a bound held.
+* :mod:`disagg.twin.html_report` - the HTML page writer of `disagg simulate` and `disagg demo`.
 * ``disagg simulate`` (:mod:`disagg.twin.cli_simulate`) and ``disagg twin`` (:mod:`disagg.twin.live.cli`).
 """
