@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from disagg.policy.types import Bounds, RoleBounds
-from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts
+from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts, held_bounds, policy_trace
 from disagg.twin.sim import LogHistogram, PoolSpec, SimDeployment, SimResult
 
 BOUNDS = Bounds(RoleBounds(1, 4, 4), RoleBounds(1, 2, 8), max_gpus=32)
@@ -71,3 +71,27 @@ def test_no_span_when_the_slo_is_met_at_the_bound_or_without_decisions() -> None
     res = result([True, True])
     assert bound_spans(res, [record(0, 4, 2)], BOUNDS, 24, 1.0, 0.05, 0.9) == []
     assert bound_spans(result([False]), [], BOUNDS, None, 1.0, 0.05, 0.9) == []
+
+
+def test_every_held_span_met_or_missed_and_the_pending_ceiling() -> None:
+    res = result([True, False, True])
+    limited = DecisionRecord(
+        60,
+        3,
+        1,
+        "Steady",
+        (("ScalingLimited", "prefill pods stay Pending; holding at 3", "prefill"),),
+        False,
+        False,
+    )
+    records = [record(0, 4, 1), record(30, 4, 1), limited]
+    assert held_bounds(limited, BOUNDS, None) == ["prefill Pending ceiling"]
+    (missed,) = bound_spans(res, records, BOUNDS, None, 1.0, 0.05, 0.9)
+    assert (missed.bound, missed.start, missed.end) == ("prefill maxReplicas (4)", 30, 60)
+    held = bound_spans(res, records, BOUNDS, None, 1.0, 0.05, 0.9, missed_only=False)
+    assert [(s.bound, s.start, s.end, s.requests, s.good) for s in held] == [
+        ("prefill maxReplicas (4)", 0, 60, 20, 10),
+        ("prefill Pending ceiling", 60, 90, 10, 10),
+    ]
+    trace = policy_trace(res, records, BOUNDS, None, 1.0, 0.05, 0.9)
+    assert trace.decisions == tuple(records) and trace.held == tuple(held) and trace.missed == (missed,)
