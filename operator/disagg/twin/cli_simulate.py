@@ -1,6 +1,7 @@
 """``disagg simulate``: replay a trace through the serving twin and report goodput and latencies.
 
-    disagg simulate --trace T --deployment D [--policy P] [--compare colocated] [--out DIR]
+    disagg simulate --trace T --deployment D [--policy P] [--compare all|colocated] [--out DIR]
+    disagg simulate --trace T --deployment D [--policy P] --recommend --gpu-budget N [--top K]
     disagg simulate --traffic poisson|bursty|diurnal|phase-change [--rate R ...] --deployment D ...
 
 T is an Azure LLM inference CSV, a Mooncake JSONL or a BurstGPT CSV (:mod:`disagg.twin.traffic`); instead
@@ -8,7 +9,11 @@ of a trace, ``--traffic`` generates arrivals (:mod:`disagg.twin.traffic_args`).
 D is a DisaggregatedDeployment YAML (model name, TP and replicas are read from it) or a small twin
 deployment YAML (the fields of :class:`disagg.twin.sim.SimDeployment`). P is a RatioPolicy YAML: its SLO
 becomes the goodput target and, unless ``--static``, ``disagg.policy.decide`` runs in the loop every
-``evaluationIntervalSeconds``. ``--compare colocated`` also runs a colocated deployment on the same GPUs.
+``evaluationIntervalSeconds``. ``--compare colocated`` also runs a colocated deployment on the same GPUs;
+``--compare all`` runs, on one GPU budget, the best static P/D split, the best static colocated size and a
+colocated pool autoscaled like an HPA (:mod:`disagg.twin.compare`); ``--recommend`` sweeps TP per role,
+P:D split and colocated sizes within ``--gpu-budget`` and prints the top configurations by goodput per
+GPU-hour among those meeting the SLO.
 A table goes to stdout, progress to stderr (a bar in a terminal, one line per run elsewhere), and
 ``report.html`` plus ``summary.json`` to ``--out``.
 """
@@ -20,7 +25,8 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +38,14 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from disagg.api.common import describe_validation_error
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.clicommon import EXIT_FAILURE
-from disagg.twin import profiles, traffic_args
+from disagg.twin import compare, profiles, traffic_args
+from disagg.twin.compare import SloSettings
 from disagg.twin.decisions import DecisionRecord, bound_spans, cause_counts, policy_run_trace
-from disagg.twin.report import Report, build_report, format_table, write_html
-from disagg.twin.sim import Controller, SimDeployment, SimResult, simulate
+from disagg.twin.report import Report, format_table, write_html
+from disagg.twin.sim import Controller, SimDeployment, SimResult
 from disagg.twin.traffic import load_trace, scale_rate, truncate
 
-
-@dataclass(frozen=True)
-class SloSettings:
-    ttft_s: float = 1.0
-    itl_s: float = 0.05
-    percentile: float = 0.9
-    interval_s: float = 30.0
-    window_s: float = 30.0
+__all__ = ["SloSettings", "configure", "load_policy", "policy_controller", "run", "simulation_progress"]
 
 
 def _positive(value: str) -> float:
@@ -69,6 +69,17 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _count(value: str) -> int:
+    """argparse type: a whole number >= 1 (GPUs, configurations)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="Azure CSV, Mooncake JSONL or BurstGPT CSV")
@@ -77,8 +88,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, help="RatioPolicy YAML (SLO and, unless --static, scaling)")
     parser.add_argument("--static", action="store_true", help="report against the policy's SLO, no scaling")
     parser.add_argument(
-        "--compare", choices=["colocated"], help="also run colocated serving on the same GPUs"
+        "--compare",
+        choices=["all", "colocated"],
+        help="all: also the best static P/D split, the best static colocated size and colocated "
+        "autoscaled, on one GPU budget; colocated: also colocated serving on the same GPUs",
     )
+    parser.add_argument(
+        "--recommend",
+        action="store_true",
+        help="sweep TP per role, P:D split and colocated sizes within --gpu-budget; print the best",
+    )
+    parser.add_argument(
+        "--gpu-budget",
+        type=_count,
+        help="GPUs for --recommend (required) and --compare all (default: the policy run's peak)",
+    )
+    parser.add_argument("--top", type=_count, help="configurations --recommend prints (default 5)")
     parser.add_argument("--out", type=Path, help="directory for report.html and summary.json")
     parser.add_argument("--ttft-slo", type=_positive, help="TTFT target in seconds (default: policy or 1.0)")
     parser.add_argument("--itl-slo", type=_positive, help="ITL (mean per request) target in s (default 0.05)")
@@ -111,7 +136,7 @@ def simulation_progress(console: Console, quiet: bool) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} requests  t={task.fields[simulated_s]:8.0f}s"),
+        TextColumn("{task.completed}/{task.total} {task.fields[detail]}"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
@@ -206,7 +231,22 @@ def slo_settings(args: argparse.Namespace, policy: Any) -> SloSettings:
     return s
 
 
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the comparison flags together, or None."""
+    if args.recommend and args.gpu_budget is None:
+        return "--recommend needs --gpu-budget N: the GPUs the configurations it sweeps may use"
+    if args.gpu_budget is not None and not args.recommend and args.compare != "all":
+        return "--gpu-budget is read by --recommend and --compare all only"
+    if args.top is not None and not args.recommend:
+        return "--top is read by --recommend only"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = usage_error(args)
+    if problem is not None:
+        print(f"disagg simulate: {problem}", file=sys.stderr)
+        return 2
     if args.profile is not None:
         try:
             added = profiles.use_profile(args.profile)
@@ -262,35 +302,62 @@ def run(args: argparse.Namespace) -> int:
         runs.append((f"{dep.name} colocated", dep.colocated_equivalent(), None))
     results: list[tuple[str, SimResult]] = []
     reports: list[Report] = []
+    extra: dict[str, Any] = {}
+    lines: list[str] = []
+    top = args.top or 5
+    found: compare.Search | None = None
     stderr = Console(stderr=True, soft_wrap=True, markup=False, highlight=False, emoji=False)
     with simulation_progress(stderr, args.quiet) as progress:
         for label, d, c in runs:
-            t0 = time.monotonic()
-            task = progress.add_task(label, total=len(reqs), simulated_s=0.0)
-
-            def show(now: float, done: int, total: int, task: TaskID = task) -> None:
-                progress.update(task, completed=done, total=total, simulated_s=now)
-
-            res = simulate(
-                d,
-                reqs,
-                controller=c,
-                interval_s=slo.interval_s,
-                seed=args.seed,
-                percentile=slo.percentile,
-                window_s=slo.window_s,
-                progress=show,
-            )
-            progress.remove_task(task)
-            if not args.quiet:
-                progress.console.print(f"{label}: done in {time.monotonic() - t0:.1f}s wall")
-            results.append((label, res))
-            reports.append(build_report(res, slo.ttft_s, slo.itl_s, slo.percentile, label=label))
+            o = _run_with_progress(progress, args, d, reqs, slo, label, c)
+            results.append((label, o.result))
+            reports.append(o.report)
+        try:
+            if args.compare == "all":
+                budget = args.gpu_budget or reports[0].gpus
+                whose = (
+                    "--gpu-budget"
+                    if args.gpu_budget
+                    else "the policy run's peak"
+                    if ctl is not None
+                    else "the deployment's GPUs"
+                )
+                rows, lines, extra["compare"] = _compare_all(progress, args, dep, reqs, slo, budget, whose)
+                results += [(o.label, o.result) for o in rows]
+                reports += [o.report for o in rows]
+            if args.recommend:
+                found = _sweep(
+                    progress,
+                    args,
+                    "recommend",
+                    lambda cb: compare.recommend(dep, reqs, slo, args.gpu_budget, top, args.seed, cb),
+                )
+                extra["recommend"] = {
+                    "gpu_budget": args.gpu_budget,
+                    "attainment_target": slo.percentile,
+                    **compare.search_dict(found, top, slo.percentile),
+                }
+        except ValueError as e:  # no configuration fits the budget
+            print(f"disagg simulate: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     print(f"{source}: {len(reqs)} requests; SLO TTFT<={slo.ttft_s:g}s, mean ITL<={slo.itl_s:g}s")
     print(format_table(reports))
+    for line in lines:
+        print(line)
     findings = decision_findings(results[0][1], log, dep, policy, slo) if ctl is not None else []
     for line in findings:
         print(line)
+    if found is not None:
+        print()
+        print(
+            f"recommend: {found.describe()} within {args.gpu_budget} GPUs; the top "
+            f"{min(top, found.simulated)} by goodput per GPU-hour among those where at least "
+            f"{slo.percentile:.0%} of requests met TTFT<={slo.ttft_s:g}s and mean ITL<={slo.itl_s:g}s"
+        )
+        print(compare.format_recommendations(found, top, slo.percentile))
+        shown = found.ranked[:top]
+        results += [(f"#{i} {o.label}", o.result) for i, o in enumerate(shown, 1)]
+        reports += [replace(o.report, label=f"#{i} {o.label}") for i, o in enumerate(shown, 1)]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_html(
@@ -298,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
             results,
             reports,
             title=f"disagg simulate: {source}",
-            findings=[*(f"note: {n}" for n in notes), *findings],
+            findings=[*(f"note: {n}" for n in notes), *lines, *findings],
             traces={
                 results[0][0]: policy_run_trace(
                     results[0][1], log, dep, policy.spec, slo.ttft_s, slo.itl_s, slo.percentile
@@ -316,7 +383,119 @@ def run(args: argparse.Namespace) -> int:
             "replicas": {label: [[t, d] for t, d in res.replicas] for label, res in results},
             "decisions": [r.as_dict() for r in log],
             "findings": findings,
+            **extra,
         }
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         print(f"report: {args.out / 'report.html'}")
     return 0
+
+
+def _run_with_progress(
+    progress: Progress,
+    args: argparse.Namespace,
+    dep: SimDeployment,
+    reqs: list[Any],
+    slo: SloSettings,
+    label: str,
+    controller: Controller | None,
+) -> compare.Outcome:
+    """One run with a progress bar over its requests and, unless --quiet, a ``done in`` line."""
+    t0 = time.monotonic()
+    task = progress.add_task(label, total=len(reqs), detail="requests")
+
+    def show(now: float, done: int, total: int, task: TaskID = task) -> None:
+        progress.update(task, completed=done, total=total, detail=f"requests  t={now:8.0f}s")
+
+    o = compare.run_one(dep, reqs, slo, label, controller, args.seed, show)
+    progress.remove_task(task)
+    if not args.quiet:
+        progress.console.print(f"{label}: done in {time.monotonic() - t0:.1f}s wall")
+    return o
+
+
+def _sweep(
+    progress: Progress,
+    args: argparse.Namespace,
+    what: str,
+    search: Callable[[compare.Progress], compare.Search],
+) -> compare.Search:
+    """A search with a progress bar over its configurations and, unless --quiet, a ``done in`` line."""
+    t0 = time.monotonic()
+    task = progress.add_task(what, total=None, detail="configurations")
+
+    def show(done: int, total: int, label: str, task: TaskID = task) -> None:
+        progress.update(task, completed=done, total=total, detail=f"configurations  {label}")
+
+    found = search(show)
+    progress.remove_task(task)
+    if not args.quiet:
+        progress.console.print(f"{what}: {found.describe()}: done in {time.monotonic() - t0:.1f}s wall")
+    return found
+
+
+def _compare_all(
+    progress: Progress,
+    args: argparse.Namespace,
+    dep: SimDeployment,
+    reqs: list[Any],
+    slo: SloSettings,
+    budget: int,
+    whose: str,
+) -> tuple[list[compare.Outcome], list[str], dict[str, Any]]:
+    """The three rows --compare all adds to the first run on ``budget`` GPUs, the lines that explain them
+    and their summary.json entry."""
+    target = slo.percentile
+
+    def best(found: compare.Search) -> compare.Outcome:
+        o = found.best
+        missed = "" if compare.meets(o.report, target) else f", none met {target:.0%}"
+        label = f"best static {o.label}{missed}"
+        return compare.Outcome(o.deployment, label, replace(o.report, label=label), o.result)
+
+    split = _sweep(
+        progress,
+        args,
+        "best static P/D split",
+        lambda cb: compare.best_static_split(dep, reqs, slo, budget, args.seed, cb),
+    )
+    colocated = _sweep(
+        progress,
+        args,
+        "best static colocated size",
+        lambda cb: compare.best_static_colocated(dep, reqs, slo, budget, args.seed, cb),
+    )
+    hpa_dep, most = compare.autoscaled_colocated(dep, budget)
+    rows = [
+        best(split),
+        best(colocated),
+        _run_with_progress(
+            progress, args, hpa_dep, reqs, slo, f"{hpa_dep.name} autoscaled", compare.hpa_controller(most)
+        ),
+    ]
+    lines = [
+        f"compare all: every row within {budget} GPUs ({whose}); a static row is the size within it with "
+        f"the most goodput per GPU-hour among those where {target:.0%} of requests met the SLO",
+        f"  best static P/D split: {split.describe()}",
+        f"  best static colocated: {colocated.describe()}",
+        f"  colocated autoscaled: an HPA on KV-cache usage ({compare.HPA_KV_TARGET:.0%}) and waiting "
+        f"requests ({compare.HPA_WAITING_TARGET:g} per replica), 1 to {most} replicas, starting on "
+        f"{hpa_dep.gpus} GPUs",
+    ]
+    summary = {
+        "gpu_budget": budget,
+        "gpu_budget_from": whose,
+        "attainment_target": target,
+        "static_pd": compare.search_dict(split, 1, target),
+        "static_colocated": compare.search_dict(colocated, 1, target),
+        "autoscaled_colocated": {
+            "hpa": {
+                "kv_target": compare.HPA_KV_TARGET,
+                "waiting_target": compare.HPA_WAITING_TARGET,
+                "tolerance": compare.HPA_TOLERANCE,
+                "scale_down_window_s": compare.HPA_SCALE_DOWN_WINDOW_S,
+                "max_replicas": most,
+            },
+            "report": rows[2].report.as_dict(),
+        },
+    }
+    return rows, lines, summary
