@@ -379,3 +379,85 @@ def test_h800_intranode_dispatch_combine_matches_deepep_published() -> None:
     one_node = Parallelism.wide_ep(16, gpus_per_node=16, overlap=False)  # nodes == 1: the one-node table
     twin = load_moe_latency_model("deepseek-r1", "h800", "fp8", parallelism=one_node)
     assert twin.all_to_all_ms(tokens, "normal") == pytest.approx(published_ms, rel=0.15)
+
+
+# --- MTP speculative decoding (DeepSeek's multi-token prediction) -----------------------------------------
+def test_mtp_tokens_per_step_is_the_acceptance_weighted_sum() -> None:
+    from disagg.perf.moe import Speculation
+
+    assert Speculation(1, 0.85).tokens_per_step == pytest.approx(1.85)
+    assert Speculation(3, 0.8).tokens_per_step == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+    assert Speculation(2, 0.0).tokens_per_step == 1.0
+    with pytest.raises(ValueError, match="acceptance"):
+        Speculation(1, 1.5)
+
+
+def test_mtp_raises_decode_throughput_by_about_the_accepted_tokens() -> None:
+    """A decode step with one MTP draft emits 1.85 tokens per sequence at 85% acceptance, at the cost of
+    verifying two tokens and one extra layer: at a small, memory-bound batch the throughput gain is near
+    1.85 but below it, and it shrinks as the batch makes the verify compute-bound."""
+    from disagg.perf.moe import Speculation
+
+    par = Parallelism.wide_ep(16)
+    spec = Speculation(1, 0.85)
+    plain = load_moe_latency_model("deepseek-r1", "h200", "fp8", parallelism=par)
+    mtp = load_moe_latency_model("deepseek-r1", "h200", "fp8", parallelism=par, speculation=spec)
+
+    def gain(per_rank: int) -> float:
+        b = per_rank * par.dp
+        return plain.decode_step_time_s(b, b * 4000) / mtp.decode_step_time_s(b, b * 4000)
+
+    assert 1.4 < gain(4) < spec.tokens_per_step
+    assert 1.0 < gain(256) < gain(4)
+    # the closed form of a decode jump agrees with stepping token by token (context grows per emitted token)
+    b, ctx, steps = 64, 64 * 4000, 50
+    stepped = sum(mtp.decode_step_time_s(b, ctx + i * b) for i in range(steps))
+    assert mtp.decode_steps_time_s(b, ctx, steps) == pytest.approx(stepped, rel=1e-9)
+    # prefill is not speculated; the MTP module's 14B parameters take GPU memory
+    assert mtp.prefill_time_s([2000] * 8) == plain.prefill_time_s([2000] * 8)
+    assert mtp.weight_bytes_per_gpu() > plain.weight_bytes_per_gpu()
+    assert mtp.kv_capacity_tokens < plain.kv_capacity_tokens
+    with pytest.raises(ValueError, match="multi-token-prediction"):
+        load_latency_model("qwen3-235b-a22b", "h200", 8, "fp8", speculation=spec)
+
+
+def test_mtp_is_read_from_the_engine_flags_of_the_pinned_wheels() -> None:
+    from disagg.twin.deployment import speculation_from_args as read
+
+    assert read([]) == 0
+    assert read(["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}']) == 1
+    assert read(['--speculative-config={"method":"mtp","num_speculative_tokens":2}']) == 2
+    assert read(["-sc", '{"method": "mtp", "num-speculative-tokens": 3}']) == 3
+    assert read(["--spec-method", "mtp", "--spec-tokens", "2"]) == 2
+    assert read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']) == 0
+    eagle3 = '{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}'
+    assert read(["--speculative-config", eagle3]) == 0
+    # SGLang: EAGLE/NEXTN on DeepSeek is its MTP layer; unset steps are SGLang's auto choice for DeepseekV3
+    assert read(["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1"]) == 1
+    assert read(["--speculative-algorithm", "NEXTN"]) == 3
+    assert read(["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "x/y"]) == 0
+    assert read(["--speculative-algorithm", "NGRAM"]) == 0
+
+
+def test_deployment_with_mtp_flags_simulates_faster_decode() -> None:
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.twin.sim import SimDeployment, simulate
+    from disagg.twin.traffic import Request
+
+    base = next(
+        d
+        for d in yaml.safe_load_all(
+            (Path(__file__).parents[2] / "examples" / "deepseek-r1-wideep-vllm.yaml").read_text()
+        )
+        if d and d.get("kind") == "DisaggregatedDeployment"
+    )
+    flag = ["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}']
+    doc = {**base, "spec": {**base["spec"], "decode": {**base["spec"]["decode"]}}}
+    doc["spec"]["decode"]["args"] = [*(base["spec"]["decode"].get("args") or []), *flag]
+    with_mtp = SimDeployment.from_model(DisaggregatedDeployment.model_validate(doc))
+    plain = SimDeployment.from_model(DisaggregatedDeployment.model_validate(base))
+    assert with_mtp.decode is not None and with_mtp.decode.mtp_tokens == 1
+    assert with_mtp.prefill is not None and with_mtp.prefill.mtp_tokens == 0
+    reqs = [Request(i * 0.1, 1000, 200) for i in range(40)]
+    itl = [float(np.nanmean(simulate(d, reqs, seed=1).itl_mean)) for d in (plain, with_mtp)]
+    assert itl[1] < itl[0] / 1.3

@@ -34,7 +34,7 @@ import yaml
 from disagg.perf.memory import EngineMemory, KvBudget, Shapes, default_engine_memory, dense_mlp, kv_budget
 
 if TYPE_CHECKING:
-    from disagg.perf.moe import Parallelism
+    from disagg.perf.moe import Parallelism, Speculation
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 GIB = 2**30
@@ -359,6 +359,7 @@ def load_latency_model(
     dtype: str = "bf16",
     kv_dtype: str = "bf16",
     parallelism: Parallelism | None = None,
+    speculation: Speculation | None = None,
 ) -> LatencyModel:
     """The latency model for (model, gpu, tp, dtype), e.g. ``("llama-3.1-70b", "h100", 4, "fp8")``.
 
@@ -371,7 +372,9 @@ def load_latency_model(
 
     if moe.resolve_moe_model(model) is not None:
         par = parallelism if parallelism is not None else moe.Parallelism(tp=tp)
-        return moe.load_moe_latency_model(model, gpu, dtype, kv_dtype, par)
+        return moe.load_moe_latency_model(model, gpu, dtype, kv_dtype, par, speculation)
+    if speculation is not None:
+        raise ValueError(f"speculative decoding: the twin models MTP speculation only, and {model} has none")
     if parallelism is not None and (parallelism.dp, parallelism.ep) != (1, 1):
         raise ValueError(f"parallelism: {model} is dense; the twin models only tensor parallelism for it")
     if dtype not in DTYPE_BYTES:

@@ -123,6 +123,37 @@ class Parallelism:
         return Parallelism(tp=tp, dp=gpus // tp, ep=gpus, gpus_per_node=gpus_per_node, overlap=overlap)
 
 
+# DeepSeek-V3 technical report (arXiv 2412.19437) sec. 5.4.3: "the acceptance rate of the second token
+# prediction ranges between 85% and 90%", giving "1.8 times TPS"; the low end is the default
+DEFAULT_MTP_ACCEPTANCE = 0.85
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding with the model's own multi-token-prediction module (DeepSeek MTP: vLLM
+    ``--speculative-config '{"method": "mtp", "num_speculative_tokens": k}'``, SGLang
+    ``--speculative-algorithm EAGLE|NEXTN --speculative-num-steps k``). A decode step drafts ``tokens``
+    tokens per sequence, one MTP layer each, then verifies them in one forward of the target over
+    ``tokens + 1`` tokens per sequence; each draft token is accepted with probability ``acceptance``
+    given the ones before it were, so a step emits ``1 + a + ... + a^k`` tokens on average (Leviathan et
+    al., ICML 2023, eq. 1; i.i.d. acceptance, which flatters k > 1 with DeepSeek's single MTP module
+    reused)."""
+
+    tokens: int = 1
+    acceptance: float = DEFAULT_MTP_ACCEPTANCE
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError(f"speculative tokens: must be >= 1, got {self.tokens}")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"acceptance: must be in [0, 1], got {self.acceptance}")
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a sequence emits per verify step, on average."""
+        return float(sum(self.acceptance**i for i in range(self.tokens + 1)))
+
+
 @dataclass(frozen=True)
 class MoeArch:
     """A model of profiles/moe_models.yaml (field meanings there)."""
@@ -152,6 +183,8 @@ class MoeArch:
     native_dtype: str = "bf16"
     sliding_window: int = 0  # tokens a sliding-window layer keeps and attends to (0: none)
     sliding_layers: int = 0  # how many of the layers are sliding-window (gpt-oss: every other one)
+    mtp_layers: int = 0  # multi-token-prediction modules published with the model (num_nextn_predict_layers)
+    mtp_params_b: float = 0.0  # their parameters (not in params_b)
 
     @property
     def moe_layers(self) -> int:
@@ -269,7 +302,14 @@ class MoeLatencyModel(LatencyModel):
         runtime: Runtime,
         kv_dtype: str = "bf16",
         memory: EngineMemory | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
+        if speculation is not None and not arch.mtp_layers:
+            raise ValueError(
+                f"speculative decoding: {arch.name} publishes no multi-token-prediction module; the twin "
+                "models MTP speculation only"
+            )
+        self.speculation = speculation
         if kv_dtype not in entry["attn"]:
             raise ValueError(f"kv_dtype: no {kv_dtype} KV attention table for {arch.name} on {gpu.name}")
         if par.ep == 1 and par.gpus > 8 and arch.routed_experts:
@@ -359,7 +399,10 @@ class MoeLatencyModel(LatencyModel):
 
     # --- memory ----------------------------------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.arch.weight_bytes_per_gpu(self.dtype, self.parallelism)
+        w = self.arch.weight_bytes_per_gpu(self.dtype, self.parallelism)
+        if self.speculation is not None:  # the MTP module's weights, split as the model's are
+            w *= 1 + self.arch.mtp_params_b / self.arch.params_b
+        return w
 
     def _copies(self) -> int:
         # MLA's single latent is replicated on every GPU of an attention TP group; GQA's KV heads are split
@@ -478,6 +521,58 @@ class MoeLatencyModel(LatencyModel):
         decode_seqs: int = 0,
         decode_context_tokens: int = 0,
     ) -> float:
+        """One engine step. With :class:`Speculation`, a step of decodes only is the time per token each
+        sequence emits: (draft + verify) / tokens per step, so the twin's one-token-per-step engines see MTP's
+        throughput and mean inter-token latency. Steps with prefill chunks are taken without speculation."""
+        spec = self.speculation
+        if spec is None or decode_seqs <= 0 or prefill_attn_work > 0:
+            return self._forward_s(
+                num_tokens, num_seqs, prefill_attn_work, decode_seqs, decode_context_tokens
+            )
+        k = spec.tokens
+        # verify: k + 1 query tokens per sequence through every GEMM, MoE and all-to-all; the KV read once
+        verify = self._forward_s(
+            num_tokens + k * decode_seqs, num_seqs, 0.0, decode_seqs, decode_context_tokens
+        )
+        draft = k * self._mtp_draft_s(decode_seqs, decode_context_tokens)
+        return (verify + draft) / spec.tokens_per_step
+
+    def _mtp_draft_s(self, seqs: int, context: int) -> float:
+        """One draft token for ``seqs`` sequences: the MTP module (one decoder layer of the model's shape) and
+        the shared lm_head; its input projection of [embedding; hidden] is left out (2 x hidden^2, small)."""
+        p = self.parallelism
+        m = math.ceil(seqs / p.dp)
+        t = self._attention_ms(m, 0, 0.0, m, context / p.dp) + self.allreduce_ms(m)
+        if self.arch.routed_experts:
+            t += self._moe_layer_ms(m, "ll")
+        else:
+            t += self._grid_ms(self._gemm["dense_ffn_ms"], m) + self.allreduce_ms(m)
+        t += self._grid_ms(self._gemm["lm_head_ms"], m)
+        return self.overhead_factor * self.arch.mtp_layers * t / 1000
+
+    def decode_step_slope_s(self, batch_size: int) -> float:
+        slope = self._gen_g * batch_size
+        spec = self.speculation
+        if spec is None:
+            return slope
+        # per emitted token: the verify and the k draft layers read the grown context, shared by E tokens
+        return slope * (1 + spec.tokens * self.arch.mtp_layers / self.arch.full_layers) / spec.tokens_per_step
+
+    def decode_steps_time_s(self, batch_size: int, total_context_tokens: int, steps: int) -> float:
+        if steps <= 0:
+            return 0.0
+        first = self.decode_step_time_s(batch_size, total_context_tokens)
+        return steps * first + self.decode_step_slope_s(batch_size) * steps * (steps - 1) / 2
+
+    def _forward_s(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        prefill_attn_work: float = 0.0,
+        decode_seqs: int = 0,
+        decode_context_tokens: int = 0,
+    ) -> float:
+        """One forward of the model over ``num_tokens`` (no speculation)."""
         if num_tokens <= 0:
             return 0.0
         a, p = self.arch, self.parallelism
@@ -520,6 +615,7 @@ def load_moe_latency_model(
     dtype: str = "fp8",
     kv_dtype: str = "bf16",
     parallelism: Parallelism | None = None,
+    speculation: Speculation | None = None,
 ) -> MoeLatencyModel:
     """The latency model of a moe_models.yaml model on ``gpu`` with ``dtype`` weights under ``parallelism``
     (default: one GPU), e.g. ``("deepseek-r1", "h200", "fp8", parallelism=Parallelism(tp=8))``."""
@@ -547,7 +643,9 @@ def load_moe_latency_model(
         request_overhead_s=float(rt.get("request_overhead_ms", 0.0)) / 1000,
     )
     par = parallelism if parallelism is not None else Parallelism()
-    return MoeLatencyModel(arch, gs, par, kind, entry, coef["m_grid"], runtime, kv_dtype)
+    return MoeLatencyModel(
+        arch, gs, par, kind, entry, coef["m_grid"], runtime, kv_dtype, speculation=speculation
+    )
 
 
 def moe_profiles() -> tuple[tuple[str, str, str], ...]:

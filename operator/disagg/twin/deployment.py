@@ -5,6 +5,7 @@ reading as the operator's: :func:`disagg.policy.bounds.bounds_for`). :mod:`disag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from disagg.api.deployment import DisaggregatedDeployment
 from disagg.api.textfile import MAX_MANIFEST_BYTES, read_text
 from disagg.perf.latency import resolve_gpu_name
 from disagg.perf.memory import EngineMemory
-from disagg.perf.moe import Parallelism
+from disagg.perf.moe import DEFAULT_MTP_ACCEPTANCE, Parallelism, Speculation
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions
 from disagg.policy.bounds import (
     DEFAULT_GPU,
@@ -53,6 +54,10 @@ class PoolSpec:
     # max_num_seqs they size the engine's KV cache (disagg.perf.memory)
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
+    # MTP speculative decoding (disagg.perf.moe.Speculation): draft tokens per step (0: off) and the
+    # acceptance of each; a DisaggregatedDeployment's from the engine flags (speculation_from_args)
+    mtp_tokens: int = 0
+    mtp_acceptance: float = DEFAULT_MTP_ACCEPTANCE
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -63,6 +68,9 @@ class PoolSpec:
         if u is not None and not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u}")
         self.parallelism()  # dp, ep, gpus_per_node: ValueError naming the field
+        if self.mtp_tokens < 0:
+            raise ValueError(f"mtp_tokens: must be >= 0, got {self.mtp_tokens}")
+        self.speculation()  # mtp_acceptance
 
     def engine_memory(self, vllm_defaults: EngineMemory) -> EngineMemory:
         """The flags that size one engine's KV cache: this pool's where it sets them, else what vLLM runs
@@ -85,6 +93,10 @@ class PoolSpec:
     @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.dp
+
+    def speculation(self) -> Speculation | None:
+        """The pool's MTP speculative decoding, or None."""
+        return Speculation(self.mtp_tokens, self.mtp_acceptance) if self.mtp_tokens else None
 
     def parallelism(self) -> Parallelism | None:
         """The replica's parallelism for the MoE latency model; None for plain tensor parallelism."""
@@ -189,6 +201,7 @@ class SimDeployment:
                 ),
                 gpu_memory_utilization=_float_arg(args, "--gpu-memory-utilization"),
                 enforce_eager=_bool_flag(args, "--enforce-eager"),
+                mtp_tokens=speculation_from_args(args),
                 min_replicas=rb.min_replicas,
                 max_replicas=rb.max_replicas,
             )
@@ -262,6 +275,42 @@ class SimDeployment:
         if not isinstance(docs[0], dict):
             raise ValueError(f"deployment: {path} does not hold a mapping")
         return SimDeployment.from_dict(docs[0])
+
+
+# vLLM's MTP methods (vllm 0.33.0 wheel, vllm/config/speculative.py MTPModelTypes: deepseek_mtp and the
+# other model-specific names are deprecated aliases that it rewrites to "mtp")
+VLLM_MTP_METHODS = ("mtp", "deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp")
+
+
+def speculation_from_args(args: list[str]) -> int:
+    """Draft tokens per step of MTP speculative decoding the engine flags ask for (0: none), as the pinned
+    wheels read them: vLLM 0.33 ``--speculative-config``/``-sc`` JSON (``method`` an MTP method,
+    ``num_speculative_tokens``) or ``--spec-method mtp --spec-tokens k`` (vllm/engine/arg_utils.py); SGLang
+    0.5.23 ``--speculative-algorithm EAGLE|NEXTN`` without a ``--speculative-draft-model-path`` (NEXTN
+    aliases EAGLE and drafts with the model's own MTP layer; sglang/srt/arg_groups/speculative_hook.py) and
+    ``--speculative-num-steps k`` (sglang/srt/arg_groups/fields/spec.py). Other speculative methods (a
+    separate draft model, n-gram) are simulated without speculation: the twin has no draft-model profile."""
+    raw = engine_flag(args, "--speculative-config") or engine_flag(args, "-sc")
+    method, tokens = engine_flag(args, "--spec-method"), engine_flag(args, "--spec-tokens")
+    if raw is not None:
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError(f"--speculative-config: not JSON: {raw!r:.80}") from None
+        if isinstance(cfg, dict):
+            cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
+            method = cfg.get("method", method)
+            tokens = cfg.get("num_speculative_tokens", tokens)
+    if method is not None:
+        return int(tokens) if str(method).lower() in VLLM_MTP_METHODS and tokens is not None else 0
+    algorithm = engine_flag(args, "--speculative-algorithm")
+    if algorithm is None or algorithm.upper() not in ("EAGLE", "NEXTN"):
+        return 0
+    if engine_flag(args, "--speculative-draft-model-path") or engine_flag(args, "--speculative-draft-model"):
+        return 0
+    # unset: SGLang picks (3 steps, top-1, 4 draft tokens) for DeepseekV3ForCausalLM
+    # (speculative_hook.py _auto_choose_speculative_params)
+    return int(engine_flag(args, "--speculative-num-steps") or 3)
 
 
 def _float_arg(args: list[str], flag: str) -> float | None:

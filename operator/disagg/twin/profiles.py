@@ -112,7 +112,9 @@ def _check_moe(dep: SimDeployment) -> None:
         raise _missing(f"no twin profile for GPU {dep.gpu!r} (model {dep.model})") from None
     for role, pool in _pools(dep):
         try:
-            load_latency_model(dep.model, dep.gpu, pool.tp, dep.dtype, dep.kv_dtype, pool.parallelism())
+            load_latency_model(
+                dep.model, dep.gpu, pool.tp, dep.dtype, dep.kv_dtype, pool.parallelism(), pool.speculation()
+            )
         except ValueError as error:  # no profile for the dtype/GPU, or the weights do not fit
             raise _missing(f"{role} pool: {' '.join(str(error).split())}") from error
 

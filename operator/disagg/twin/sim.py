@@ -320,6 +320,7 @@ class Simulator:
                 deployment.dtype,
                 deployment.kv_dtype,
                 spec.parallelism(),
+                spec.speculation(),
             )
             pool = Pool(role, spec, lat, deployment.prefix_caching and role != "decode")
             self.pools[role] = pool
