@@ -28,6 +28,7 @@ from disagg.twin.calibrate import (
 from disagg.twin.fidelity import (
     AICONFIG_SOURCE,
     CLOSED_LOOP,
+    FRONT_END_WHAT_IF,
     MOE_POINTS,
     NIM_SOURCE,
     SEEDS,
@@ -57,11 +58,18 @@ def closed_loop_rows() -> None:
         split = "train" if is_train(p) else "check"
         src = "aiconfigurator 70B" if p.source == AICONFIG_SOURCE else "NIM 3.3-70B"
         name = f"{src} fp8 TP{p.tp} {p.label}"
-        # the hypothesis the points are checked against: clients start together (as the benchmark tools
-        # do), locked (no drift) or drifting by up to 2 s per request
+        # the hypotheses the points are checked against: clients start together (as the benchmark tools
+        # do), locked (no drift) or drifting by up to 2 s per request; and random phases re-drawn as
+        # clients drift by up to 1 s per request (noise that breaks the twin's collision-free schedules)
         locked, _ = closed_loop_latency(p, burst=True)
         drift, _ = closed_loop_latency(p, burst=True, jitter_s=2.0, seeds=SEEDS[:4])
-        note = f"{split}; together: locked {locked * 1e3:.0f}, 2 s drift {drift * 1e3:.0f} ms"
+        noisy, _ = closed_loop_latency(p, jitter_s=1.0, seeds=SEEDS[:4])
+        # and a front end whose cost grows with the streams in flight (not in the profile)
+        streams, _ = closed_loop_latency(p, front_end=FRONT_END_WHAT_IF)
+        note = (
+            f"{split}; together: locked {locked * 1e3:.0f}, 2 s drift {drift * 1e3:.0f}; "
+            f"1 s drift {noisy * 1e3:.0f}; per-stream front end {streams * 1e3:.0f} ms"
+        )
         if p.kv_dtype == "fp8":
             note += "; KV fp8"
         row(f"{name} TTFT", ttft * 1e3, p.ttft_s * 1e3, note=note)
@@ -71,7 +79,10 @@ def closed_loop_rows() -> None:
             for key in (f"band {p.band}", f"TP{p.tp}", f"prompt {p.isl}", split, "all"):
                 errors.setdefault(f"{metric} {key}", []).append(err)
     print("\n   mean absolute error (points):")
-    for key, errs in sorted(errors.items(), key=lambda kv: (kv[0][5:].split()[0], kv[0])):
+    groups = ("band", "TP", "prompt", "train", "check", "all")
+    for key, errs in sorted(
+        errors.items(), key=lambda kv: (groups.index(kv[0][5:].split()[0].rstrip("0123456789")), kv[0])
+    ):
         print(f"   {key:<22} {mean_abs_error(errs):>6.1%}  ({len(errs)})")
 
 

@@ -38,11 +38,19 @@ honest:
   4 in flight and 1255 ms at NIM's 5, far from the published 70, 301 and 547 (a test checks this), and
   per-request drift of up to 2 s (ClosedLoop.jitter_s) still leaves 8k@4 +32% and NIM@5 +29% while the
   64-in-flight waves, whose prefill runs back to back, queue behind the jitter (290 / 3416 ms). The
-  published values lie between the two limits (a test checks the bracket), so the real clients were
-  partly synchronised by a mechanism neither limit has; the twin keeps random phases and the miss is an
-  xfail. A front-end overhead growing with the streams in flight (fitted on 1k@64: ~1 ms per stream)
-  would close 1k@64 (-10%) and 8k@64 (-14%) but sends NIM's 50-in-flight row to +45%: no net gain on
-  the check points, so it is not in the profile. (The doc's "visibility delay", a replacement request
+  published values lie between the two limits (a test checks the bracket). Two more candidates were
+  tried and not adopted, each for a reason a test shows: (1) noise. With fixed lengths and no noise the
+  twin settles into a periodic, nearly collision-free schedule (aiconfigurator's doc names the same
+  effect: "the deterministic recursion settles into a collision-free phase"); re-drawing phases by up to
+  1 s of drift per request (ClosedLoop.jitter_s, 4 phases) brings 8k@64 to -13% but 1k@64 stays at -54%
+  (colliding 1k prompts cost little: eight share a pass) and NIM's 25/50-in-flight rows go to +47/+59%,
+  so no one drift level fits both sources. (2) a front-end overhead growing with the streams in flight
+  (the API server's), request overhead = base + slope x other streams (fidelity.FRONT_END_WHAT_IF),
+  fitted on the two training points (base 20 ms, slope 1.2 ms): 1k@4 -0%, 1k@64 -1%, and on the checks
+  8k@4 +8%, 8k@64 -15%, NIM 1/5/100 +3/-13/-8%, but NIM 25/50 +37/+45% (now +24/-14%): check-point TTFT
+  MAE 18.5% against 15.6% without it, so it is not in the profile. What would tell them apart is a run
+  of the same engine at 16-64 clients with 1k prompts at TP2/4 (not in ../shared); the 1k@64 gap (+95 ms
+  that collisions cannot make) points at the front end. (The doc's "visibility delay", a replacement request
   arriving after the next pass is scheduled, is in the twin already: the front-end overhead delays every
   arrival past the finishing pass.)
 * NIM at 25 in flight: TTFT +24%, inside the tolerance but phase-sensitive for the reason above (-6%
@@ -71,6 +79,7 @@ from disagg.perf.latency import load_latency_model
 from disagg.twin.fidelity import (
     AICONFIG,
     CLOSED_LOOP,
+    FRONT_END_WHAT_IF,
     MOE_POINTS,
     NIM_CONCURRENCY,
     NIM_SINGLE,
@@ -144,6 +153,30 @@ def test_clients_starting_together_stay_locked_and_miss_the_low_concurrency_poin
     spread, _ = closed_loop_latency(point)
     assert locked > 1.7 * point.ttft_s, locked
     assert _rel_err(spread, point.ttft_s) <= TOLERANCE, spread
+
+
+def test_drift_noise_meets_8k_at_64_but_not_nim_so_it_is_not_adopted() -> None:
+    """Re-drawn phases (1 s of drift per request) break the twin's collision-free schedule: 8k@64 comes
+    within the tolerance, while NIM's 50-in-flight row overshoots by more than it; see the docstring."""
+    aic_8k_64 = next(p for p in AICONFIG if p.isl == 8192 and p.concurrency == 64)
+    noisy, _ = closed_loop_latency(aic_8k_64, jitter_s=1.0, seeds=(1, 2, 3, 4))
+    assert _rel_err(noisy, aic_8k_64.ttft_s) <= TOLERANCE, noisy
+    nim_50 = NIM_CONCURRENCY[2]
+    noisy, _ = closed_loop_latency(nim_50, jitter_s=1.0, seeds=(1, 2, 3, 4))
+    assert noisy > (1 + TOLERANCE) * nim_50.ttft_s, noisy
+
+
+def test_front_end_growing_with_streams_fits_train_but_not_the_nim_checks() -> None:
+    """fidelity.FRONT_END_WHAT_IF, fitted on TRAIN, meets both training TTFTs and 8k@64 (a check) but sends
+    NIM's 50-in-flight row past the tolerance; see the docstring for why it is not in the profile."""
+    for p in TRAIN:
+        ttft, _ = closed_loop_latency(p, front_end=FRONT_END_WHAT_IF)
+        assert _rel_err(ttft, p.ttft_s) <= 0.05, (p.label, ttft)
+    aic_8k_64 = next(p for p in AICONFIG if p.isl == 8192 and p.concurrency == 64)
+    ttft, _ = closed_loop_latency(aic_8k_64, front_end=FRONT_END_WHAT_IF)
+    assert _rel_err(ttft, aic_8k_64.ttft_s) <= TOLERANCE, ttft
+    ttft, _ = closed_loop_latency(NIM_CONCURRENCY[2], front_end=FRONT_END_WHAT_IF)
+    assert ttft > (1 + TOLERANCE) * NIM_CONCURRENCY[2].ttft_s, ttft
 
 
 def test_training_split_is_the_1k_prompt_points() -> None:

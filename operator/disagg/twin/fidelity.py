@@ -113,31 +113,42 @@ def is_train(point: ClosedLoopPoint) -> bool:
     return point in TRAIN
 
 
+# A front end whose per-request cost grows with the streams it serves (vLLM's API server detokenises and
+# streams every running request's tokens in one process): request overhead = base + slope x other
+# requests in flight. Fitted on TRAIN's two TTFTs (base 20 ms meets 1k@4, slope 1.2 ms meets 1k@64); NOT in
+# the shipped profile because it does not improve the check points (tests/unit/test_twin_fidelity.py).
+FRONT_END_WHAT_IF = (0.020, 0.0012)  # (base s, s per other stream)
+
+
 def closed_loop_latency(
     point: ClosedLoopPoint,
     burst: bool = False,
     kv_dtype: str | None = None,
     jitter_s: float = 0.0,
     seeds: tuple[int, ...] = SEEDS,
+    front_end: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
     """The twin's mean TTFT and time per output token for ``point`` (seconds), averaged over ``seeds``.
 
     ``burst``: all clients start together (the benchmark tools' start), each later request drifting by
-    up to ``jitter_s``; else first requests at seeded random times within one request's duration."""
+    up to ``jitter_s``; else first requests at seeded random times within one request's duration.
+    ``front_end``: (base, per-stream) request overhead instead of the profile's constant one."""
     dep = SimDeployment(
         model=point.model,
         dtype=point.dtype,
         kv_dtype=point.kv_dtype if kv_dtype is None else kv_dtype,
         mode="colocated",
         colocated=PoolSpec(1, point.tp),
+        request_overhead_s=None if front_end is None else front_end[0],
     )
+    per_stream = 0.0 if front_end is None else front_end[1]
     total = max(3, point.concurrency * 8)
     ramp = 0.0 if burst else point.osl * point.tpot_s
     loop = ClosedLoop(point.concurrency, point.isl, point.osl, total, ramp, not burst, jitter_s)
     k = total // 3
     ttft, tpot = [], []
     for seed in seeds if (not burst or jitter_s > 0) else seeds[:1]:  # a burst without drift is seedless
-        res = simulate(dep, [], closed_loop=loop, seed=seed)
+        res = simulate(dep, [], closed_loop=loop, seed=seed, stream_overhead_s=per_stream)
         ttft.append(float(np.nanmean(res.ttft[k:])))
         tpot.append(float(np.nanmean(res.itl_mean[k:])))
     return float(np.mean(ttft)), float(np.mean(tpot))

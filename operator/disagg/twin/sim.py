@@ -284,6 +284,7 @@ class Simulator:
         progress: Callable[[float, int, int], None] | None = None,
         closed_loop: ClosedLoop | None = None,
         window_s: float | None = None,
+        stream_overhead_s: float = 0.0,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
@@ -329,6 +330,10 @@ class Simulator:
         self.first_pool = self.pools["prefill" if deployment.mode == "pd" else "colocated"]
         ovh = deployment.request_overhead_s
         self.frontend_s = self.first_pool.latency.runtime.request_overhead_s if ovh is None else ovh
+        # front-end time per other request it is streaming when one arrives (an API server whose per-request
+        # cost grows with concurrency); 0 in the shipped twin, see disagg.twin.fidelity
+        self.stream_overhead_s = stream_overhead_s
+        self._arrived = 0
         self.gpu_seconds = 0.0
         self._gpu_alloc = sum(p.allocated() * p.spec.gpus_per_replica for p in self.pools.values())
         self._gpu_t = 0.0
@@ -452,8 +457,10 @@ class Simulator:
         w.arrivals += 1
         w.prompt_lens.append(req.prompt)
         w.output_lens.append(req.output)
-        if self.frontend_s > 0:
-            self._push(self.now + self.frontend_s, self.FRONTEND, req)
+        delay = self.frontend_s + self.stream_overhead_s * (self._arrived - self.done)
+        self._arrived += 1
+        if delay > 0:
+            self._push(self.now + delay, self.FRONTEND, req)
         else:
             self._route(self.first_pool, req)
 
@@ -712,6 +719,7 @@ def simulate(
     progress: Callable[[float, int, int], None] | None = None,
     closed_loop: ClosedLoop | None = None,
     window_s: float | None = None,
+    stream_overhead_s: float = 0.0,
 ) -> SimResult:
     """Replay ``requests`` (plus a closed-loop load, if given) through ``deployment``; see the module doc."""
     return Simulator(
@@ -725,4 +733,5 @@ def simulate(
         progress,
         closed_loop,
         window_s,
+        stream_overhead_s,
     ).run()
