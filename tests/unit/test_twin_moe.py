@@ -422,7 +422,7 @@ def test_mtp_raises_decode_throughput_by_about_the_accepted_tokens() -> None:
 
 
 def test_mtp_is_read_from_the_engine_flags_of_the_pinned_wheels() -> None:
-    from disagg.twin.deployment import speculation_from_args as read
+    from disagg.policy.bounds import speculation_from_args as read
 
     assert read([]) == 0
     assert read(["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}']) == 1
@@ -461,3 +461,44 @@ def test_deployment_with_mtp_flags_simulates_faster_decode() -> None:
     reqs = [Request(i * 0.1, 1000, 200) for i in range(40)]
     itl = [float(np.nanmean(simulate(d, reqs, seed=1).itl_mean)) for d in (plain, with_mtp)]
     assert itl[1] < itl[0] / 1.3
+
+
+def test_sglang_deployment_with_tp16_over_two_nodes_simulates() -> None:
+    """A DisaggregatedDeployment serving Llama-3.1-405B with SGLang at TP16 over two 8-GPU nodes (vLLM
+    multi-node is data-parallel only in the operator's rendering, so the API refuses TP across its nodes)."""
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.twin.profiles import check
+    from disagg.twin.sim import SimDeployment, simulate
+    from disagg.twin.traffic import Request
+
+    base = next(
+        d
+        for d in yaml.safe_load_all((Path(__file__).parents[2] / "examples" / "sglang-nixl.yaml").read_text())
+        if d and d.get("kind") == "DisaggregatedDeployment"
+    )
+    spec = {**base["spec"], "model": {**base["spec"]["model"], "name": "meta-llama/Llama-3.1-405B-Instruct"}}
+    for role in ("prefill", "decode"):
+        pool = {k: v for k, v in base["spec"][role].items() if k not in ("tensorParallelSize", "resources")}
+        spec[role] = {**pool, "parallelism": {"tensor": 16, "nodesPerReplica": 2, "gpusPerNode": 8}}
+    dep = SimDeployment.from_model(DisaggregatedDeployment.model_validate({**base, "spec": spec}))
+    assert dep.decode is not None and dep.decode.tp == 16 and dep.decode.gpus_per_replica == 16
+    check(dep)
+    res = simulate(dep, [Request(i * 0.5, 1000, 20) for i in range(10)], seed=1)
+    assert not np.isnan(res.e2e).any()
+
+
+def test_live_twin_pods_speculate_as_their_command_line_says() -> None:
+    from disagg.twin.live.follower import pod_speculation
+    from disagg.twin.live.latency import LatencyChoice, load_step_latency
+
+    def pod(*args: str) -> dict[str, object]:
+        return {"spec": {"containers": [{"name": "engine", "command": ["vllm", "serve", "m", *args]}]}}
+
+    mtp = pod("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
+    spec = pod_speculation(mtp, "deepseek-ai/DeepSeek-R1")
+    assert spec is not None and spec.tokens == 2
+    assert pod_speculation(pod(), "deepseek-ai/DeepSeek-R1") is None
+    assert pod_speculation(mtp, "Qwen/Qwen3-235B-A22B") is None  # no MTP module: emulated without
+    assert pod_speculation(mtp, "llama-3.1-8b") is None
+    lm = load_step_latency(LatencyChoice("deepseek-r1", "h200", 8, "fp8", speculation=spec))
+    assert isinstance(lm, MoeLatencyModel) and lm.speculation == spec

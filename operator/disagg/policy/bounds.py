@@ -8,6 +8,7 @@ start-up everywhere.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from disagg.api.deployment import DisaggregatedDeployment, DisaggregatedDeploymentSpec
@@ -98,6 +99,42 @@ def layout_from_args(
     if resolve_moe_model(model) is not None and gpus > 8:
         return ReplicaLayout(tp=8, dp=gpus // 8, ep=gpus, gpus_per_node=node)
     return ReplicaLayout(tp=gpus, gpus_per_node=node)
+
+
+# vLLM's MTP methods (vllm 0.33.0 wheel, vllm/config/speculative.py MTPModelTypes: deepseek_mtp and the
+# other model-specific names are deprecated aliases that it rewrites to "mtp")
+VLLM_MTP_METHODS = ("mtp", "deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp")
+
+
+def speculation_from_args(args: Sequence[str]) -> int:
+    """Draft tokens per step of MTP speculative decoding the engine flags ask for (0: none), as the pinned
+    wheels read them: vLLM 0.33 ``--speculative-config``/``-sc`` JSON (``method`` an MTP method,
+    ``num_speculative_tokens``) or ``--spec-method mtp --spec-tokens k`` (vllm/engine/arg_utils.py); SGLang
+    0.5.23 ``--speculative-algorithm EAGLE|NEXTN`` without a ``--speculative-draft-model-path`` (NEXTN
+    aliases EAGLE and drafts with the model's own MTP layer; sglang/srt/arg_groups/speculative_hook.py) and
+    ``--speculative-num-steps k`` (sglang/srt/arg_groups/fields/spec.py). Other speculative methods (a
+    separate draft model, n-gram) are simulated without speculation: the twin has no draft-model profile."""
+    raw = engine_flag(args, "--speculative-config") or engine_flag(args, "-sc")
+    method, tokens = engine_flag(args, "--spec-method"), engine_flag(args, "--spec-tokens")
+    if raw is not None:
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError(f"--speculative-config: not JSON: {raw!r:.80}") from None
+        if isinstance(cfg, dict):
+            cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
+            method = cfg.get("method", method)
+            tokens = cfg.get("num_speculative_tokens", tokens)
+    if method is not None:
+        return int(tokens) if str(method).lower() in VLLM_MTP_METHODS and tokens is not None else 0
+    algorithm = engine_flag(args, "--speculative-algorithm")
+    if algorithm is None or algorithm.upper() not in ("EAGLE", "NEXTN"):
+        return 0
+    if engine_flag(args, "--speculative-draft-model-path") or engine_flag(args, "--speculative-draft-model"):
+        return 0
+    # unset: SGLang picks (3 steps, top-1, 4 draft tokens) for DeepseekV3ForCausalLM
+    # (speculative_hook.py _auto_choose_speculative_params)
+    return int(engine_flag(args, "--speculative-num-steps") or 3)
 
 
 def serving_profile(spec: DisaggregatedDeploymentSpec) -> ServingProfile:

@@ -5,7 +5,6 @@ reading as the operator's: :func:`disagg.policy.bounds.bounds_for`). :mod:`disag
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from disagg.policy.bounds import (
     engine_flag,
     engine_int_arg,
     replica_layout,
+    speculation_from_args,
 )
 from disagg.policy.types import Bounds, ReplicaLayout, Role, RoleBounds, ServingProfile
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -275,42 +275,6 @@ class SimDeployment:
         if not isinstance(docs[0], dict):
             raise ValueError(f"deployment: {path} does not hold a mapping")
         return SimDeployment.from_dict(docs[0])
-
-
-# vLLM's MTP methods (vllm 0.33.0 wheel, vllm/config/speculative.py MTPModelTypes: deepseek_mtp and the
-# other model-specific names are deprecated aliases that it rewrites to "mtp")
-VLLM_MTP_METHODS = ("mtp", "deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp")
-
-
-def speculation_from_args(args: list[str]) -> int:
-    """Draft tokens per step of MTP speculative decoding the engine flags ask for (0: none), as the pinned
-    wheels read them: vLLM 0.33 ``--speculative-config``/``-sc`` JSON (``method`` an MTP method,
-    ``num_speculative_tokens``) or ``--spec-method mtp --spec-tokens k`` (vllm/engine/arg_utils.py); SGLang
-    0.5.23 ``--speculative-algorithm EAGLE|NEXTN`` without a ``--speculative-draft-model-path`` (NEXTN
-    aliases EAGLE and drafts with the model's own MTP layer; sglang/srt/arg_groups/speculative_hook.py) and
-    ``--speculative-num-steps k`` (sglang/srt/arg_groups/fields/spec.py). Other speculative methods (a
-    separate draft model, n-gram) are simulated without speculation: the twin has no draft-model profile."""
-    raw = engine_flag(args, "--speculative-config") or engine_flag(args, "-sc")
-    method, tokens = engine_flag(args, "--spec-method"), engine_flag(args, "--spec-tokens")
-    if raw is not None:
-        try:
-            cfg = json.loads(raw)
-        except json.JSONDecodeError:
-            raise ValueError(f"--speculative-config: not JSON: {raw!r:.80}") from None
-        if isinstance(cfg, dict):
-            cfg = {str(k).replace("-", "_"): v for k, v in cfg.items()}
-            method = cfg.get("method", method)
-            tokens = cfg.get("num_speculative_tokens", tokens)
-    if method is not None:
-        return int(tokens) if str(method).lower() in VLLM_MTP_METHODS and tokens is not None else 0
-    algorithm = engine_flag(args, "--speculative-algorithm")
-    if algorithm is None or algorithm.upper() not in ("EAGLE", "NEXTN"):
-        return 0
-    if engine_flag(args, "--speculative-draft-model-path") or engine_flag(args, "--speculative-draft-model"):
-        return 0
-    # unset: SGLang picks (3 steps, top-1, 4 draft tokens) for DeepseekV3ForCausalLM
-    # (speculative_hook.py _auto_choose_speculative_params)
-    return int(engine_flag(args, "--speculative-num-steps") or 3)
 
 
 def _float_arg(args: list[str], flag: str) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disagg.perf.latency import LatencyModel, load_latency_model
-from disagg.perf.moe import Parallelism
+from disagg.perf.moe import Parallelism, Speculation
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class LatencyChoice:
     tp: int
     dtype: str = "bf16"
     parallelism: Parallelism | None = None
+    speculation: Speculation | None = None  # MTP speculative decoding its engine flags ask for
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -32,5 +33,10 @@ class LatencyChoice:
 def load_step_latency(choice: LatencyChoice) -> LatencyModel:
     """The twin core's calibrated latency model for ``choice`` (its ValueError names unknown models)."""
     return load_latency_model(
-        choice.model, choice.gpu, choice.tp, choice.dtype, parallelism=choice.parallelism
+        choice.model,
+        choice.gpu,
+        choice.tp,
+        choice.dtype,
+        parallelism=choice.parallelism,
+        speculation=choice.speculation,
     )
