@@ -48,11 +48,15 @@ honest:
   (the API server's), request overhead = base + slope x other streams (fidelity.FRONT_END_WHAT_IF),
   fitted on the two training points (base 20 ms, slope 1.2 ms): 1k@4 -0%, 1k@64 -1%, and on the checks
   8k@4 +8%, 8k@64 -15%, NIM 1/5/100 +3/-13/-8%, but NIM 25/50 +37/+45% (now +24/-14%): check-point TTFT
-  MAE 18.5% against 15.6% without it, so it is not in the profile. What would tell them apart is a run
-  of the same engine at 16-64 clients with 1k prompts at TP2/4 (not in ../shared); the 1k@64 gap (+95 ms
-  that collisions cannot make) points at the front end. (The doc's "visibility delay", a replacement request
-  arriving after the next pass is scheduled, is in the twin already: the front-end overhead delays every
-  arrival past the finishing pass.)
+  MAE 18.5% against 15.6% without it, so it is not in the profile. Nor do the scheduler's knobs explain
+  the miss: with max_num_batched_tokens 2048 / 4096 / 8192 / 16384 (4 phases) 1k@64 gives 88 / 91 / 91 /
+  91 ms and 8k@64 572 / 669 / 702 / 690 ms (a smaller budget interleaves more decodes and lowers TTFT);
+  max_num_seqs (256) does not bind at 64; and vLLM V1 schedules running requests first (decode-first,
+  the order that makes a new prompt wait longest), which the engine already does. What would tell them
+  apart is a run of the same engine at 16-64 clients with 1k prompts at TP2/4 (not in ../shared); the
+  1k@64 gap (+95 ms that collisions cannot make) points at the front end. (The doc's "visibility
+  delay", a replacement request arriving after the next pass is scheduled, is in the twin already: the
+  front-end overhead delays every arrival past the finishing pass.)
 * NIM at 25 in flight: TTFT +24%, inside the tolerance but phase-sensitive for the reason above (-6%
   with the earlier 2 ms step overhead: a slightly different step time changes which prompts lock).
 * Splitwise: measured on a 2023 stack about 2x slower than vLLM 0.24 kernels; the twin models today's.
