@@ -126,7 +126,10 @@ def test_compare_all_shows_four_labelled_rows_on_one_budget(
 ) -> None:
     dep = tmp_path / "dep.yaml"
     dep.write_text(TWIN_8B)
-    rc, out, _ = run_cli(capsys, "--deployment", str(dep), "--compare", "all", "--gpu-budget", "4")
+    out_dir = tmp_path / "out"
+    rc, out, _ = run_cli(
+        capsys, "--deployment", str(dep), "--compare", "all", "--gpu-budget", "4", "--out", str(out_dir)
+    )
     assert rc == 0
     table = out.split("-----\n", 1)[1].splitlines()
     rows = table[:4]
@@ -136,6 +139,11 @@ def test_compare_all_shows_four_labelled_rows_on_one_budget(
     assert rows[3].startswith("colocated HPA 1-4xTP1 autoscaled")
     assert "every row within 4 GPUs (--gpu-budget)" in out
     assert table[4].startswith("compare all:")
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert len(summary["runs"]) == 4 and summary["compare"]["gpu_budget"] == 4
+    best_pd = summary["compare"]["static_pd"]["top"][0]["report"]["label"]
+    assert rows[1].startswith(f"best static {best_pd}")
+    assert all(run["gpus"] <= 4 for run in summary["runs"][1:])
 
 
 def test_compare_colocated_is_still_the_one_colocated_row(

@@ -241,7 +241,8 @@ class Demand:
                 hit = min(r.prompt_tokens - 1, hit * block)
             uncached += r.prompt_tokens - hit
         n = max(len(reqs), 1)
-        span = max((reqs[-1].arrival_s - reqs[0].arrival_s) if reqs else 0.0, 1.0)
+        arrivals = [r.arrival_s for r in reqs]
+        span = max(max(arrivals, default=0.0) - min(arrivals, default=0.0), 1.0)
         output = float(sum(r.output_tokens for r in reqs))
         prompt_all = float(sum(r.prompt_tokens for r in reqs))
         return Demand(uncached / span, output / span, uncached / n, (prompt_all + output / 2) / n)
@@ -272,30 +273,20 @@ def _capacity(dep: SimDeployment, pool: PoolSpec, itl_s: float, demand: Demand) 
 
 
 def capacity_ratio(dep: SimDeployment, demand: Demand, itl_s: float) -> float | None:
-    """The deployment's optimistic capacity over the trace's mean demand, its tighter side (prefill or
-    decode; a colocated pool serves both, so the larger of the two loads it bears); None: no estimate."""
+    """The deployment's optimistic capacity over the trace's mean demand on its tighter side (prompt
+    tokens for prefill, output tokens for decode; a colocated pool is judged on both, as if serving each
+    cost nothing of the other); None: no estimate."""
+    need = (demand.prompt_tokens_per_s, demand.output_tokens_per_s)
+    pools: list[tuple[PoolSpec | None, tuple[int, ...]]] = (
+        [(dep.colocated, (0, 1))] if dep.mode == "colocated" else [(dep.prefill, (0,)), (dep.decode, (1,))]
+    )
     ratios = []
-    if dep.mode == "colocated":
-        assert dep.colocated is not None
-        cap = _capacity(dep, dep.colocated, itl_s, demand)
-        if cap is None:
-            return None
-        loads = [
-            d / c if c > 0 else math.inf
-            for d, c in zip((demand.prompt_tokens_per_s, demand.output_tokens_per_s), cap, strict=True)
-            if d > 0
-        ]
-        return dep.colocated.replicas / max(loads, default=0.0) if loads and max(loads) > 0 else math.inf
-    assert dep.prefill is not None and dep.decode is not None
-    for pool, side, need in (
-        (dep.prefill, 0, demand.prompt_tokens_per_s),
-        (dep.decode, 1, demand.output_tokens_per_s),
-    ):
+    for pool, sides in pools:
+        assert pool is not None
         cap = _capacity(dep, pool, itl_s, demand)
         if cap is None:
             return None
-        if need > 0:
-            ratios.append(pool.replicas * cap[side] / need)
+        ratios += [pool.replicas * cap[side] / need[side] for side in sides if need[side] > 0]
     return min(ratios, default=math.inf)
 
 
@@ -366,11 +357,13 @@ def search(
     met: list[float] = []  # goodput per GPU-hour of the configurations meeting the target, best first
     spare: list[tuple[float, SimDeployment]] = []
     for i, dep in enumerate(order):
-        if prune and len(met) >= keep and last > 0 and len(reqs) * 3600.0 / (dep.gpus * last) < met[keep - 1]:
+        bound = len(reqs) * 3600.0 / (dep.gpus * last) if last > 0 else math.inf
+        ratio = capacity_ratio(dep, demand, slo.itl_s) if prune else None
+        if prune and len(met) >= keep and bound < met[keep - 1]:
             out.pruned_bound += 1
-        elif prune and capacity_shortfall(dep, demand, slo.itl_s):
+        elif ratio is not None and ratio < PRUNE_CAPACITY_MARGIN:
             out.pruned_capacity += 1
-            spare.append((capacity_ratio(dep, demand, slo.itl_s) or 0.0, dep))
+            spare.append((ratio, dep))
         else:
             o = run_one(dep, reqs, slo, seed=seed)
             out.ranked.append(o)
