@@ -502,3 +502,29 @@ def test_live_twin_pods_speculate_as_their_command_line_says() -> None:
     assert pod_speculation(mtp, "llama-3.1-8b") is None
     lm = load_step_latency(LatencyChoice("deepseek-r1", "h200", 8, "fp8", speculation=spec))
     assert isinstance(lm, MoeLatencyModel) and lm.speculation == spec
+
+
+def test_policy_sizes_decode_with_the_mtp_its_engine_flags_ask_for() -> None:
+    """The model-based policy's decode latency model is the speculating one where the decode pool's flags
+    ask for MTP (else it would plan more decode replicas than the deployment needs)."""
+    from disagg.api.deployment import DisaggregatedDeployment
+    from disagg.policy.bounds import serving_profile
+    from disagg.policy.capacity import load_models
+
+    base = next(
+        d
+        for d in yaml.safe_load_all(
+            (Path(__file__).parents[2] / "examples" / "deepseek-r1-wideep-vllm.yaml").read_text()
+        )
+        if d and d.get("kind") == "DisaggregatedDeployment"
+    )
+    flag = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
+    doc = {**base, "spec": {**base["spec"], "decode": {**base["spec"]["decode"]}}}
+    doc["spec"]["decode"]["args"] = [*(base["spec"]["decode"].get("args") or []), *flag]
+    plain = serving_profile(DisaggregatedDeployment.model_validate(base).spec)
+    mtp = serving_profile(DisaggregatedDeployment.model_validate(doc).spec)
+    assert (plain.mtp_decode, mtp.mtp_decode) == (0, 1)
+    a, b = load_models(plain).decode, load_models(mtp).decode
+    assert b.decode_step_time_s(512, 512 * 2000) < a.decode_step_time_s(512, 512 * 2000)
+    p_mtp, p_plain = load_models(mtp).prefill, load_models(plain).prefill
+    assert p_mtp.prefill_time_s([2000]) == p_plain.prefill_time_s([2000])

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from disagg.api.deployment import DisaggregatedDeployment, DisaggregatedDeploymentSpec
-from disagg.perf.moe import resolve_moe_model
+from disagg.perf.moe import load_moe_archs, resolve_moe_model
 from disagg.perf.startup import DEFAULT_ASSUMPTIONS, StartupAssumptions, spec_startup_delay_s, weights_cached
 from disagg.policy.types import ROLES, Bounds, ReplicaLayout, Role, RoleBounds, ServingProfile
 
@@ -137,6 +137,15 @@ def speculation_from_args(args: Sequence[str]) -> int:
     return int(engine_flag(args, "--speculative-num-steps") or 3)
 
 
+def mtp_tokens(args: Sequence[str], model: str) -> int:
+    """:func:`speculation_from_args` where ``model`` publishes an MTP module to draft with, else 0 (an
+    engine asked to speculate without one fails to start; the twin and the policy model it without)."""
+    name = resolve_moe_model(model)
+    if name is None or not load_moe_archs()[name].mtp_layers:
+        return 0
+    return speculation_from_args(args)
+
+
 def serving_profile(spec: DisaggregatedDeploymentSpec) -> ServingProfile:
     """Model, GPU, each pool's replica layout and the weight dtype: the model-based algorithm's profile."""
     prefill, decode = (replica_layout(spec, role) for role in ROLES)
@@ -148,6 +157,7 @@ def serving_profile(spec: DisaggregatedDeploymentSpec) -> ServingProfile:
         dtype=model_dtype(spec),
         layout_prefill=None if prefill.tensor_only else prefill,
         layout_decode=None if decode.tensor_only else decode,
+        mtp_decode=mtp_tokens([*spec.engine.args, *spec.decode.args], spec.model.name),
     )
 
 

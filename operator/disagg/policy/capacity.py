@@ -63,12 +63,15 @@ def resolve_profile(policy: RatioPolicySpec, bounds: Bounds) -> ServingProfile |
 def load_models(profile: ServingProfile) -> RoleModels:
     """The latency models of both roles (disagg.perf, cached there)."""
     from disagg.perf.latency import load_latency_model
-    from disagg.perf.moe import Parallelism
+    from disagg.perf.moe import Parallelism, Speculation
 
     def model(role: str, tp: int) -> LatencyModelLike:
         layout = profile.layout(role)
         par = None if layout is None else Parallelism(**asdict(layout))
-        return load_latency_model(profile.model, profile.gpu, tp, profile.dtype, parallelism=par)
+        spec = Speculation(profile.mtp_decode) if role == "decode" and profile.mtp_decode else None
+        return load_latency_model(
+            profile.model, profile.gpu, tp, profile.dtype, parallelism=par, speculation=spec
+        )
 
     return RoleModels(prefill=model("prefill", profile.tp_prefill), decode=model("decode", profile.tp_decode))
 

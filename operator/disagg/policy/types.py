@@ -233,6 +233,8 @@ class ServingProfile:
     # expert parallelism, several nodes); None: ``tp_<role>`` GPUs of tensor parallelism
     layout_prefill: ReplicaLayout | None = None
     layout_decode: ReplicaLayout | None = None
+    # draft tokens per decode step of MTP speculative decoding (disagg.perf.moe.Speculation); 0: none
+    mtp_decode: int = 0
 
     def layout(self, role: str) -> ReplicaLayout | None:
         return self.layout_prefill if role == "prefill" else self.layout_decode

@@ -24,8 +24,8 @@ from disagg.policy.bounds import (
     bounds_for,
     engine_flag,
     engine_int_arg,
+    mtp_tokens,
     replica_layout,
-    speculation_from_args,
 )
 from disagg.policy.types import Bounds, ReplicaLayout, Role, RoleBounds, ServingProfile
 from disagg.twin.engine import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -173,7 +173,14 @@ class SimDeployment:
                 pool.min_replicas, pool.max_replicas, pool.gpus_per_replica, self.planned_startup_s
             )
 
-        profile = ServingProfile(self.model, self.gpu, self.prefill.tp, self.decode.tp, self.dtype)
+        profile = ServingProfile(
+            self.model,
+            self.gpu,
+            self.prefill.tp,
+            self.decode.tp,
+            self.dtype,
+            mtp_decode=self.decode.mtp_tokens,
+        )
         return Bounds(role(self.prefill), role(self.decode), self.max_gpus, profile)
 
     @staticmethod
@@ -201,7 +208,7 @@ class SimDeployment:
                 ),
                 gpu_memory_utilization=_float_arg(args, "--gpu-memory-utilization"),
                 enforce_eager=_bool_flag(args, "--enforce-eager"),
-                mtp_tokens=speculation_from_args(args),
+                mtp_tokens=mtp_tokens(args, spec.model.name),
                 min_replicas=rb.min_replicas,
                 max_replicas=rb.max_replicas,
             )

@@ -42,8 +42,8 @@ from typing import Any, cast
 
 from disagg.api import deployment as deployment_api
 from disagg.api.common import API_GROUP, API_VERSION
-from disagg.perf.moe import Parallelism, Speculation, load_moe_archs, resolve_moe_model
-from disagg.policy.bounds import layout_from_args, speculation_from_args
+from disagg.perf.moe import Parallelism, Speculation, resolve_moe_model
+from disagg.policy.bounds import layout_from_args, mtp_tokens
 from disagg.render.lws import GROUP_INDEX_LABEL, GROUP_SIZE_ENV
 from disagg.render.names import GROUP_ROLE_LABEL
 from disagg.twin.live.engine import KV_LOAD_FAILURE_POLICIES, KvLoadFailurePolicy, Role
@@ -305,11 +305,8 @@ def pod_speculation(pod: Mapping[str, Any], model: str) -> Speculation | None:
     """The MTP speculative decoding a pod's engine flags ask for (the twin's reading of them,
     :func:`disagg.policy.bounds.speculation_from_args`), where the model publishes an MTP module; None
     otherwise (the pod is then emulated without speculation)."""
-    name = resolve_moe_model(model)
-    tokens = speculation_from_args(_engine_words(_engine_container(pod)))
-    if not tokens or name is None or not load_moe_archs()[name].mtp_layers:
-        return None
-    return Speculation(tokens)
+    tokens = mtp_tokens(_engine_words(_engine_container(pod)), model)
+    return Speculation(tokens) if tokens else None
 
 
 def pod_spec_for(pod: Mapping[str, Any], defaults: Defaults, overrides: Overrides) -> PodSpec | None:
