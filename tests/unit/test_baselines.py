@@ -174,8 +174,9 @@ def test_sla_prefill_removes_an_engine_only_if_the_survivors_keep_the_ttft() -> 
 
 def test_sla_decode_follows_the_estimated_itl() -> None:
     cap = MODELS.decode.kv_capacity_tokens
-    heavy = pool(2, running=40, kv=20 * 1200 / cap)  # 20 sequences of 1200 tokens per engine
-    assert MODELS.decode.decode_step_time_s(21, 25_200) > SLA.itl_target_s
+    # 20 sequences of 1600 tokens per engine: a step over the 10 ms target
+    heavy = pool(2, running=40, kv=20 * 1600 / cap)
+    assert MODELS.decode.decode_step_time_s(21, 21 * 1600) > SLA.itl_target_s
     assert sla_step(obs(0, pool(1), heavy)) == {"decode": 3}
     light = pool(3, running=6, kv=2 * 1200 / cap)  # 2 sequences per engine
     assert sla_step(obs(0, pool(1), light)) is None  # 4 per engine would take over 80% of 10 ms
