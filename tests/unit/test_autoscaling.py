@@ -223,6 +223,8 @@ def test_metrics_condition_names_the_missing_signal() -> None:
     missing = metrics_condition(_observation(Measured.missing(), Measured.missing(SignalState.STALE)))
     assert not missing.status and missing.reason == "MetricsMissing"
     assert "TTFT is missing" in missing.message and "ITL is stale" in missing.message
+    garbage = metrics_condition(_observation(Measured.missing(SignalState.INVALID), Measured.of(0.02)))
+    assert not garbage.status and "TTFT is invalid" in garbage.message
 
 
 def test_limited_condition_prefers_pending_ceilings_then_budget() -> None:

@@ -11,13 +11,16 @@ from disagg.metrics.prometheus import (
     PrometheusSignals,
     Signals,
     combine_ttft,
+    in_range,
     measured_from_result,
     observation_from_signals,
+    values_by_pod,
 )
 from disagg.metrics.queries import counter_ratio, histogram_quantile, selector
 from disagg.policy.types import Measured, RoleObservation, SignalState
 
 SEL_P = '{namespace="prod",disagg_deployment="llama",disagg_role="prefill"}'
+INVALID = Measured(None, SignalState.INVALID)
 SEL_D = '{namespace="prod",disagg_deployment="llama",disagg_role="decode"}'
 
 
@@ -117,6 +120,33 @@ def test_results_map_to_states_never_to_zero() -> None:
     assert measured_from_result([{"metric": {}, "value": [1.0, "0.25"]}]) == Measured(0.25, SignalState.OK)
     assert measured_from_result([{"metric": {}, "value": [1.0, "0"]}]) == Measured(0.0, SignalState.OK)
     assert measured_from_result(None).state is SignalState.MISSING
+    # no signal is infinite (histogram_quantile answers a finite bucket bound): garbage, not a value
+    for raw in ("+Inf", "-Inf"):
+        assert measured_from_result([{"metric": {}, "value": [1.0, raw]}]) == INVALID
+
+
+def test_values_a_signal_cannot_take_are_invalid_never_used() -> None:
+    # latencies, rates, counts, token lengths: >= 0
+    assert in_range("ttft_prefill_side", Measured.of(-0.5)) == INVALID
+    assert in_range("request_rate", Measured.of(-1e30)) == INVALID
+    assert in_range("decode.queue_depth", Measured.of(-1.0)) == INVALID
+    assert in_range("itl", Measured(float("inf"))) == INVALID
+    assert in_range("itl", Measured.of(0.0)) == Measured(0.0)
+    # wildly high but possible: a real reading (the policy scales up within its bounds)
+    assert in_range("ttft_prefill_side", Measured.of(1e30)) == Measured(1e30)
+    # fractions: [0, 1]
+    assert in_range("decode.kv_usage", Measured.of(1.0)) == Measured(1.0)
+    assert in_range("decode.kv_usage", Measured.of(1.5)) == INVALID
+    assert in_range("prefill.prefix_hit_rate", Measured.of(-0.1)) == INVALID
+    assert in_range("prefill.prefix_hit_rate", Measured.of(1.0 + 1e-9)).ok  # rounding of a ratio of rates
+    # the staleness probe may be negative (a target stamping its samples ahead of Prometheus's clock)
+    assert in_range("decode.sample_age", Measured.of(-2.0)) == Measured(-2.0)
+    assert in_range("decode.sample_age", Measured(float("inf"))) == INVALID
+    # states pass through
+    assert in_range("itl", Measured.missing(SignalState.NAN)).state is SignalState.NAN
+    # per-pod load: unknown, never a negative load
+    result = [{"metric": {"pod": p}, "value": [1.0, v]} for p, v in (("a", "-3"), ("b", "+Inf"), ("c", "2"))]
+    assert values_by_pod(result) == {"a": None, "b": None, "c": 2.0}
 
 
 def test_user_ttft_is_both_sides_and_missing_if_either_is() -> None:
@@ -273,3 +303,23 @@ def test_the_adapter_reads_the_prefix_hit_rate_and_never_makes_a_zero() -> None:
     assert _hit_rate_observed("NaN").prefix_hit_rate == Measured(None, SignalState.NAN)
     # the pool stopped reporting: STALE like its other signals
     assert _hit_rate_observed("0.5", sample_age="900").prefix_hit_rate.state is SignalState.STALE
+
+
+@pytest.mark.parametrize("raw", ["-1", "+Inf", "-Inf"])
+def test_garbage_from_prometheus_leaves_ttft_and_itl_unavailable(raw: str) -> None:
+    """Every query answered with a value no signal can take (the staleness probe left alone): no signal
+    reaches the policy as OK, so it holds (a negative TTFT read as real shrank an idle-looking pool, an
+    infinite one raised OverflowError in the replica arithmetic)."""
+    queries = build_queries("vllm", "prod", "llama", 90, 90, 120)
+    answers = {
+        promql: [{"metric": {}, "value": [1.0, "3" if name.endswith("sample_age") else raw]}]
+        for name, promql in queries.queries.items()
+    }
+    client: Any = _FakeProm(answers)
+    signals = PrometheusSignals("http://prometheus.invalid").run(queries, client=client)
+    assert not signals.errors
+    o = observation_from_signals(signals, _pools(), 120, 0.0)
+    assert o.ttft == INVALID and o.itl == INVALID
+    for role in (o.prefill, o.decode):
+        assert not any(getattr(role, f).ok for f in ("queue_depth", "running", "kv_usage", "queue_time"))
+    assert not o.request_rate.ok and not o.prompt_tokens_mean.ok

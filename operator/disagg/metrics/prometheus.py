@@ -2,9 +2,11 @@
 
 I/O lives here; the PromQL is built by :mod:`disagg.metrics.queries` (pure). Every value carries a
 :class:`~disagg.policy.types.SignalState`: no series is MISSING, a NaN (e.g. a quantile over zero
-observations) is NAN, a pool whose newest sample is older than the metric window is STALE; none of them
-is ever turned into a zero. A query that fails (Prometheus down, bad PromQL) counts as MISSING for that
-signal and is reported in :attr:`Signals.errors`.
+observations) is NAN, a pool whose newest sample is older than the metric window is STALE, a value the
+signal cannot take (:func:`in_range`: infinite, a negative latency, rate or count, a fraction above 1) is
+INVALID; none of them is ever turned into a zero, and the policy acts on none of them (fail-static). A
+query that fails (Prometheus down, bad PromQL) counts as MISSING for that signal and is reported in
+:attr:`Signals.errors`.
 
 The prefill pool's prefix-cache hit rate is MISSING without series (an engine that exports none, no
 scrape yet) and NAN when the pool looked nothing up in the window (vLLM's 0/0); a measured 0 stays 0.
@@ -61,8 +63,38 @@ class Signals:
         return self.values.get(key, MISSING)
 
 
+# What a signal can be. Fractions (KV-cache usage, the prefix-cache hit rate) lie in [0, 1]; the age of
+# the newest sample (the staleness probe) may be any finite number (a target that stamps its own samples
+# can be ahead of Prometheus's clock); every other signal (latencies, rates, counts, token lengths,
+# compute times) is >= 0. No signal is infinite: histogram_quantile answers the second-highest bucket's
+# bound, never +Inf, and the means and rates are finite over consistent counters.
+FRACTION_SIGNALS = frozenset(
+    {"prefill.kv_usage", "decode.kv_usage", "prefill.prefix_hit_rate", "decode.prefix_hit_rate"}
+)
+SIGNED_SIGNALS = frozenset({"prefill.sample_age", "decode.sample_age"})
+# a ratio of two rates of counters scraped together may overshoot 1 by rounding, never by more
+FRACTION_SLACK = 1e-6
+
+
+def in_range(name: str, measured: Measured) -> Measured:
+    """``measured`` if signal ``name`` can take its value, else INVALID (see FRACTION_SIGNALS): a
+    negative TTFT read as real would look like an idle pool and shrink it, an infinite one overflows the
+    policy's replica arithmetic."""
+    value = measured.value
+    if not measured.ok or value is None:
+        return measured
+    if not math.isfinite(value):
+        return Measured.missing(SignalState.INVALID)
+    if name in SIGNED_SIGNALS:
+        return measured
+    if value < 0.0 or (name in FRACTION_SIGNALS and value > 1.0 + FRACTION_SLACK):
+        return Measured.missing(SignalState.INVALID)
+    return measured
+
+
 def measured_from_result(result: Any) -> Measured:
-    """One instant-vector result (``[{"metric": {...}, "value": [ts, "1.5"]}]``) as a Measured."""
+    """One instant-vector result (``[{"metric": {...}, "value": [ts, "1.5"]}]``) as a Measured; an
+    infinite value is INVALID (the range of each signal is :func:`in_range`'s)."""
     if not isinstance(result, list) or not result:
         return Measured.missing(SignalState.MISSING)
     try:
@@ -71,11 +103,14 @@ def measured_from_result(result: Any) -> Measured:
         return Measured.missing(SignalState.MISSING)
     if math.isnan(raw):
         return Measured.missing(SignalState.NAN)
+    if math.isinf(raw):
+        return Measured.missing(SignalState.INVALID)
     return Measured(raw, SignalState.OK)
 
 
 def values_by_pod(result: object, labels: TargetLabels = TARGET_LABELS) -> dict[str, float | None]:
-    """pod -> value from an instant-vector result; NaN or unparsable values are unknown (None)."""
+    """pod -> value (requests running) from an instant-vector result; NaN, infinite, negative or
+    unparsable values are unknown (None)."""
     values: dict[str, float | None] = {}
     for series in result if isinstance(result, list) else []:
         try:
@@ -83,7 +118,7 @@ def values_by_pod(result: object, labels: TargetLabels = TARGET_LABELS) -> dict[
             value = float(series["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
             continue
-        values[pod] = value if math.isfinite(value) else None
+        values[pod] = value if math.isfinite(value) and value >= 0.0 else None
     return values
 
 
@@ -186,7 +221,7 @@ class PrometheusSignals:
                 errors[name] = unreachable or "no Prometheus client"
                 continue
             try:
-                values[name] = measured_from_result(prom.custom_query(promql))
+                values[name] = in_range(name, measured_from_result(prom.custom_query(promql)))
             except (RequestsConnectionError, Timeout) as exc:
                 unreachable = f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {exc}"
                 values[name] = Measured.missing(SignalState.MISSING)

@@ -23,6 +23,9 @@ class SignalState(enum.StrEnum):
     MISSING = "missing"  # the query returned no series (no scrape target, no traffic yet, wrong names)
     STALE = "stale"  # the newest sample is older than the metric window allows
     NAN = "nan"  # the series exists but the value is NaN (e.g. a quantile over zero observations)
+    # a value the signal cannot take (infinite, a negative latency/rate/count, a fraction above 1):
+    # garbage from the metrics pipeline, held like missing data rather than acted on
+    INVALID = "invalid"
 
 
 @dataclass(frozen=True)
