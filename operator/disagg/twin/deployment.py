@@ -98,9 +98,15 @@ class PoolSpec:
         """The pool's MTP speculative decoding, or None."""
         return Speculation(self.mtp_tokens, self.mtp_acceptance) if self.mtp_tokens else None
 
+    def layout(self) -> ReplicaLayout | None:
+        """The replica's layout as the policy's profile carries it; None for plain tensor parallelism
+        (as :func:`disagg.policy.bounds.serving_profile` reads a DisaggregatedDeployment's)."""
+        found = ReplicaLayout(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap)
+        return None if found.tensor_only else found
+
     def parallelism(self) -> Parallelism | None:
         """The replica's parallelism for the MoE latency model; None for plain tensor parallelism."""
-        if ReplicaLayout(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap).tensor_only:
+        if self.layout() is None:
             return None
         return Parallelism(self.tp, self.dp, self.ep, self.gpus_per_node, self.overlap)
 
@@ -179,6 +185,8 @@ class SimDeployment:
             self.prefill.tp,
             self.decode.tp,
             self.dtype,
+            layout_prefill=self.prefill.layout(),
+            layout_decode=self.decode.layout(),
             mtp_decode=self.decode.mtp_tokens,
         )
         return Bounds(role(self.prefill), role(self.decode), self.max_gpus, profile)
