@@ -28,15 +28,18 @@ from disagg.twin.calibrate import (
 from disagg.twin.fidelity import (
     AICONFIG_SOURCE,
     CLOSED_LOOP,
+    FRONT_END_LOAD_WHAT_IF,
     FRONT_END_WHAT_IF,
     MOE_POINTS,
     NIM_SOURCE,
     SEEDS,
     TOLERANCE,
     closed_loop_latency,
+    implied_token_cost,
     is_train,
     mean_abs_error,
     moe_throughput_per_node,
+    token_rates,
 )
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration"
@@ -53,6 +56,8 @@ def row(name: str, twin: float, ref: float, unit: str = "ms", note: str = "") ->
 def closed_loop_rows() -> None:
     print("\n== colocated closed loop (clients at random phases, mean of 8; train/check: fidelity.TRAIN) ==")
     errors: dict[str, list[float]] = {}
+    what_if: dict[str, list[float]] = {}
+    implied: list[str] = []
     for p in CLOSED_LOOP:
         ttft, tpot = closed_loop_latency(p)
         split = "train" if is_train(p) else "check"
@@ -66,10 +71,21 @@ def closed_loop_rows() -> None:
         noisy, _ = closed_loop_latency(p, jitter_s=1.0, seeds=SEEDS[:4])
         # and a front end whose cost grows with the streams in flight (not in the profile)
         streams, _ = closed_loop_latency(p, front_end=FRONT_END_WHAT_IF)
+        # and one whose delay follows its CPU load (tokens/s), fitted on TRAIN (not in the profile either)
+        cpu, cpu_tpot = closed_loop_latency(p, front_end_load=FRONT_END_LOAD_WHAT_IF)
         note = (
             f"{split}; together: locked {locked * 1e3:.0f}, 2 s drift {drift * 1e3:.0f}; "
-            f"1 s drift {noisy * 1e3:.0f}; per-stream front end {streams * 1e3:.0f} ms"
+            f"1 s drift {noisy * 1e3:.0f}; per-stream front end {streams * 1e3:.0f} ms; "
+            f"CPU-load front end {cpu * 1e3:.0f} ms"
         )
+        prompt_rate, out_rate = token_rates(p)
+        per_prompt, per_out = implied_token_cost(p, ttft, 0.025)
+        implied.append(
+            f"   {name:<46} {prompt_rate:>7.0f} {out_rate:>6.0f}  {(p.ttft_s - ttft) * 1e3:>+6.0f} ms"
+            f"  {per_prompt * 1e6:>6.0f} {per_out * 1e6:>6.0f} us"
+        )
+        for metric, pred, ref in (("TTFT", cpu, p.ttft_s), ("TPOT", cpu_tpot, p.tpot_s)):
+            what_if.setdefault(f"{metric} {split}", []).append((pred - ref) / ref)
         if p.kv_dtype == "fp8":
             note += "; KV fp8"
         row(f"{name} TTFT", ttft * 1e3, p.ttft_s * 1e3, note=note)
@@ -84,6 +100,14 @@ def closed_loop_rows() -> None:
         errors.items(), key=lambda kv: (groups.index(kv[0][5:].split()[0].rstrip("0123456789")), kv[0])
     ):
         print(f"   {key:<22} {mean_abs_error(errs):>6.1%}  ({len(errs)})")
+    print("   with the CPU-load front end (fidelity.FRONT_END_LOAD_WHAT_IF):")
+    for key, errs in sorted(what_if.items()):
+        print(f"   {key:<22} {mean_abs_error(errs):>6.1%}  ({len(errs)})")
+    print(
+        "\n   front-end load (tokens/s, from the published TTFT/TPOT), TTFT residual (published - twin), and"
+        "\n   the CPU cost per prompt / per output token a 25 ms processor-sharing front end would need:"
+    )
+    print("\n".join(implied))
 
 
 def splitwise_rows() -> None:

@@ -316,3 +316,27 @@ def test_closed_loop_clients_start_together_and_drift_by_jitter() -> None:
     assert np.ptp(drift.arrival[20:]) > np.ptp(locked.arrival[20:])
     again = simulate(dep, [], closed_loop=ClosedLoop(4, 512, 32, 24, jitter_s=0.5), seed=1)
     assert np.array_equal(again.arrival, drift.arrival)
+
+
+def test_front_end_load_stretches_arrivals_by_the_token_rate_and_leaves_tpot() -> None:
+    """sim.FrontEndLoad: with no per-token cost the run is the plain one; with one, each request's front-end
+    time is request overhead / (1 - rho), rho from the tokens/s the replica streamed over the last window
+    (capped at max_util), so TTFT grows with the cost while the engine's steps (TPOT) stay as they were."""
+    from disagg.twin.sim import ClosedLoop, FrontEndLoad
+
+    dep = SimDeployment(model="llama-3.1-8b", mode="colocated", colocated=PoolSpec(1, 1))
+    loop = ClosedLoop(16, 512, 64, 96, ramp_s=1.0, random_start=True)
+    plain = simulate(dep, [], closed_loop=loop, seed=1)
+    zero = simulate(dep, [], closed_loop=loop, seed=1, front_end_load=FrontEndLoad())
+    assert np.array_equal(plain.ttft, zero.ttft)
+    ttfts, tpots = [], []
+    for cost in (100e-6, 300e-6, 1.0):
+        res = simulate(dep, [], closed_loop=loop, seed=1, front_end_load=FrontEndLoad(output_token_s=cost))
+        ttfts.append(float(np.mean(res.ttft[32:])))
+        tpots.append(float(np.mean(res.itl_mean[32:])))
+    assert float(np.mean(plain.ttft[32:])) < ttfts[0] < ttfts[1] < ttfts[2]
+    # saturated (cost 1 s per token): every front-end time is capped at overhead / (1 - max_util)
+    ovh = load_latency_model("llama-3.1-8b", "h100", 1).runtime.request_overhead_s
+    assert ttfts[2] >= ovh / (1 - FrontEndLoad().max_util) * 0.9
+    base_tpot = float(np.mean(plain.itl_mean[32:]))
+    assert all(abs(t - base_tpot) / base_tpot < 0.10 for t in tpots), (base_tpot, tpots)

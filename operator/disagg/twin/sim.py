@@ -55,6 +55,7 @@ from disagg.twin.traffic import Request
 __all__ = [
     "ClosedLoop",
     "Controller",
+    "FrontEndLoad",
     "LogHistogram",
     "PoolSpec",
     "Routing",
@@ -268,6 +269,27 @@ class ClosedLoop:
     jitter_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class FrontEndLoad:
+    """A front end (one API-server process per replica of the first pool) whose CPU tokenises every prompt
+    and detokenises and streams every output token, and is shared by all the requests it serves.
+
+    An asyncio event loop serves its tasks roughly in turn, i.e. as a processor-sharing server: a new
+    request's own front-end work then takes ``request_overhead / (1 - rho)`` (M/G/1-PS sojourn time given
+    the job size), where ``rho = prompt_token_s x prompt tokens/s + output_token_s x output tokens/s`` is the
+    process's utilisation by everything else, capped at ``max_util``. Both rates are counted over the last
+    ``window_s`` before the request arrives, summed over the replicas and divided among the first pool's
+    ready replicas (a decode jump's tokens count when it ends). The stretch applies to the request's
+    arrival (its TTFT); token delivery is a stable queue (rho < 1), so the client sees the tokens at the
+    rate they are generated and TPOT is unchanged. A what-if (disagg.twin.fidelity.FRONT_END_LOAD_WHAT_IF),
+    not in the shipped twin."""
+
+    prompt_token_s: float = 0.0  # front-end CPU seconds per prompt token (tokenisation)
+    output_token_s: float = 0.0  # front-end CPU seconds per output token (detokenise, SSE event)
+    max_util: float = 0.95
+    window_s: float = 4.0
+
+
 _ARRIVAL_DONE = math.inf
 
 
@@ -285,6 +307,7 @@ class Simulator:
         closed_loop: ClosedLoop | None = None,
         window_s: float | None = None,
         stream_overhead_s: float = 0.0,
+        front_end_load: FrontEndLoad | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
@@ -333,6 +356,12 @@ class Simulator:
         # front-end time per other request it is streaming when one arrives (an API server whose per-request
         # cost grows with concurrency); 0 in the shipped twin, see disagg.twin.fidelity
         self.stream_overhead_s = stream_overhead_s
+        # front-end time stretched by its CPU load (FrontEndLoad); None in the shipped twin
+        self.front_end_load = front_end_load
+        self._recent_prompts: deque[tuple[float, int]] = deque()
+        self._recent_prompt_tokens = 0
+        self._recent_outputs: deque[tuple[float, int]] = deque()
+        self._recent_output_tokens = 0
         self._arrived = 0
         self.gpu_seconds = 0.0
         self._gpu_alloc = sum(p.allocated() * p.spec.gpus_per_replica for p in self.pools.values())
@@ -458,11 +487,30 @@ class Simulator:
         w.prompt_lens.append(req.prompt)
         w.output_lens.append(req.output)
         delay = self.frontend_s + self.stream_overhead_s * (self._arrived - self.done)
+        if self.front_end_load is not None:
+            delay /= 1.0 - self._front_end_util(req.prompt)
         self._arrived += 1
         if delay > 0:
             self._push(self.now + delay, self.FRONTEND, req)
         else:
             self._route(self.first_pool, req)
+
+    def _front_end_util(self, prompt_tokens: int) -> float:
+        """Utilisation of one API-server process by the other requests' tokens (FrontEndLoad)."""
+        fe = self.front_end_load
+        assert fe is not None
+        since = self.now - fe.window_s
+        while self._recent_prompts and self._recent_prompts[0][0] <= since:
+            self._recent_prompt_tokens -= self._recent_prompts.popleft()[1]
+        while self._recent_outputs and self._recent_outputs[0][0] <= since:
+            self._recent_output_tokens -= self._recent_outputs.popleft()[1]
+        prompt_rate = self._recent_prompt_tokens / fe.window_s
+        out_rate = self._recent_output_tokens / fe.window_s
+        self._recent_prompts.append((self.now, prompt_tokens))
+        self._recent_prompt_tokens += prompt_tokens
+        servers = max(1, len(self.first_pool.ready()))
+        util = (fe.prompt_token_s * prompt_rate + fe.output_token_s * out_rate) / servers
+        return min(fe.max_util, util)
 
     def _on_step(self, rep: Replica) -> None:
         step = rep.step
@@ -505,6 +553,10 @@ class Simulator:
                     self._push(self.now + self.rng.uniform(0, cl.jitter_s), self.CLIENT, True)
                 else:
                     self._issue_closed_loop()
+        if self.front_end_load is not None and role != "prefill":
+            emitted = step.decode_batch * step.steps + len(ev.first_tokens)
+            self._recent_outputs.append((self.now, emitted))
+            self._recent_output_tokens += emitted
         self._kick(rep)
         self._maybe_retire(rep)
 
@@ -720,6 +772,7 @@ def simulate(
     closed_loop: ClosedLoop | None = None,
     window_s: float | None = None,
     stream_overhead_s: float = 0.0,
+    front_end_load: FrontEndLoad | None = None,
 ) -> SimResult:
     """Replay ``requests`` (plus a closed-loop load, if given) through ``deployment``; see the module doc."""
     return Simulator(
@@ -734,4 +787,5 @@ def simulate(
         closed_loop,
         window_s,
         stream_overhead_s,
+        front_end_load,
     ).run()
