@@ -19,7 +19,7 @@ from pathlib import Path
 from disagg.chaos import CASES, CaseResult, ChaosCluster
 
 COLUMNS = ("case", "done", "measured", "target", "result")
-WIDTHS = (17, 40, 50, 28, 20)
+WIDTHS = (18, 40, 50, 28, 20)
 
 
 def row(result: CaseResult) -> list[str]:

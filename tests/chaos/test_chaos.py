@@ -1,5 +1,6 @@
 """Chaos on the local control plane, the operator as its own process (disagg.chaos.cases): the operator
-SIGKILLed mid-rollout, the API server down, etcd down, Prometheus down, an idle operator's writes,
+SIGKILLed mid-rollout, the API server down, etcd down, Prometheus down or answering errors, slowly or
+garbage (through a fault-injecting proxy, disagg.chaos.promproxy), an idle operator's writes,
 scale-downs under streaming traffic through the released router.
 
 Each case prints its figures (``chaos <case>: ...``, shown with ``pytest -s`` and in a failing test's
@@ -22,6 +23,7 @@ from disagg.chaos.cases import (
     idle_writes,
     load,
     operator_killed,
+    prometheus_garbage,
     prometheus_outage,
     scale_down_drain,
 )
@@ -83,6 +85,19 @@ def test_without_prometheus_metrics_are_unavailable_and_nothing_scales_down(
     result = prometheus_outage(chaos_cluster)
     report(result, record_property)
     assert result.figures["scale_downs_while_missing"] == 0
+    assert result.passed, result.line()
+
+
+def test_prometheus_errors_timeouts_and_garbage_leave_metrics_unavailable_and_nothing_scaled_down(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = prometheus_garbage(chaos_cluster)
+    report(result, record_property)
+    assert result.figures["scale_downs_under_faults"] == 0, result.line()
+    assert result.figures["tracebacks"] == 0, result.line()
+    for fault in ("http-500", "slow", "nan", "inf", "empty", "stale", "negative"):
+        assert str(result.figures[f"{fault}_says"]).startswith("False"), result.line()
+    assert result.figures["huge_says"] == "True", result.line()
     assert result.passed, result.line()
 
 

@@ -1,11 +1,14 @@
 """Chaos cases on the local control plane: the operator SIGKILLed mid-rollout, the API server down, etcd
-down, Prometheus down, an idle operator's writes, scale-downs under streaming traffic through the router.
+down, Prometheus down or answering errors, slowly or garbage, an idle operator's writes, scale-downs under
+streaming traffic through the router.
 Each case does something to the running system and measures what was lost; tests/chaos asserts the
 correctness of each and bench/chaos_report.py prints them as a table.
 
 * :mod:`~disagg.chaos.harness` - the cases' own local control plane, the operator as a process, and the
   accounting of deployments and their children (converged, duplicates, missing, orphans);
-* :mod:`~disagg.chaos.cases` - the cases, each returning a :class:`~disagg.chaos.harness.CaseResult`.
+* :mod:`~disagg.chaos.cases` - the cases, each returning a :class:`~disagg.chaos.harness.CaseResult`;
+* :mod:`~disagg.chaos.promproxy` - a fault-injecting proxy in front of a real Prometheus (HTTP 500, slow
+  answers, NaN/+Inf/negative/huge values, empty vectors, stale samples), switched at run time.
 """
 
 from disagg.chaos.cases import CASES

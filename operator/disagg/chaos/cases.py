@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import random
 import re
@@ -32,12 +33,14 @@ from disagg.chaos.harness import (
     RESYNC_INTERVAL_S,
     CaseResult,
     ChaosCluster,
+    Figure,
     OperatorRun,
     Survey,
     apply_deployment,
     survey,
     tracebacks,
 )
+from disagg.chaos.promproxy import Fault, PrometheusProxy
 from disagg.cluster.local import free_ports
 from disagg.cluster.prometheus import PrometheusProcess, PrometheusSettings, start_prometheus
 from disagg.cluster.wait import WaitTimeout, wait_for
@@ -733,6 +736,227 @@ def _desired(obj: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
+# -- 3b. Prometheus answering errors, slowly or garbage ---------------------------------------------------
+# what MetricsAvailable's message must name under each fault (disagg.controller.scaling_status): the state
+# TTFT and ITL are in; None: the fault is a reading the policy may act on, so MetricsAvailable stays True
+GARBAGE_STATES: dict[Fault, str | None] = {
+    Fault.HTTP_500: "missing",
+    Fault.SLOW: "missing",
+    Fault.NAN: "nan",
+    Fault.INF: "invalid",
+    Fault.EMPTY: "missing",
+    Fault.STALE: "stale",
+    Fault.NEGATIVE: "invalid",
+    Fault.HUGE: None,  # a TTFT of 1e30 s is a (dreadful) reading: scale up, within the bounds
+}
+
+
+@dataclass(frozen=True)
+class PrometheusGarbageSettings:
+    # huge last: the scale-up it causes is undone (legitimately) once the answers are real again
+    faults: tuple[Fault, ...] = tuple(GARBAGE_STATES)
+    hold_s: float = 10.0  # each fault held this long after the operator noticed: two evaluation intervals
+    slow_s: float = 8.0  # the slow fault's delay: past the operator's 5 s Prometheus timeout
+    detect_timeout_s: float = 40.0
+    recover_timeout_s: float = 40.0
+    available_timeout_s: float = 120.0
+    gpu_type: str = "h200"
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    fault: Fault
+    detect_s: float  # the fault switched on until MetricsAvailable said so (nan: it never did)
+    says: str  # MetricsAvailable at the end of the hold: status, then the states its message names
+    shrinks: tuple[str, ...]
+    recover_s: float  # pass-through again until MetricsAvailable was True again
+    tracebacks: int
+    target: str  # desired prefill:decode at the end of the hold
+
+
+def _metrics_condition(obj: Mapping[str, Any]) -> tuple[str | None, str]:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "MetricsAvailable":
+            return str(cond.get("status")), str(cond.get("message") or "")
+    return None, ""
+
+
+def prometheus_garbage(
+    cc: ChaosCluster, settings: PrometheusGarbageSettings = PrometheusGarbageSettings()
+) -> CaseResult:
+    """An autoscaled deployment (2:2, at its SLOs) whose operator reads a real Prometheus through a
+    fault-injecting proxy (:mod:`disagg.chaos.promproxy`). Each fault in turn: answers of HTTP 500, answers
+    slower than the operator's timeout, every value NaN, +Inf, -1 or 1e30, empty vectors, samples older
+    than the metric window. Under each, MetricsAvailable must turn False naming the state of TTFT and ITL
+    (1e30 excepted: a reading, on which the policy may scale up within its bounds), no replica may go away
+    (fail-static) and the operator must log no traceback; then the answers are passed through again and
+    MetricsAvailable must turn True again (the time it takes is a figure)."""
+    kube = cc.kube
+    ns = cc.namespace("chaos-prometheus-garbage")
+    demo = DemoSettings(
+        namespace=ns,
+        deployment="chat",
+        policy="chat-slo",
+        gpu_type=settings.gpu_type,
+        model_cache_claim=None,
+        ready_when_served=False,
+        prefill_replicas=2,
+        decode_replicas=2,
+        scale_down_window_s=5,  # a fail-open policy would shrink within a fault's hold
+    )
+    workdir = cc.workdir / "prometheus-garbage"
+    with fake_engines() as engines:
+        config = engines_scrape_config(engines, ns, demo.deployment)
+        prom = start_prometheus(config, workdir, PrometheusSettings(tie_to_parent=True))
+        proxy = PrometheusProxy(prom.url, slow_s=settings.slow_s)
+        operator: OperatorRun | None = None
+        try:
+            operator = cc.operator(
+                ns,
+                "operator-prometheus-garbage.log",
+                ["--prometheus-url", proxy.url],
+                env={"DISAGG_AUTOSCALING_TICK_S": "1"},
+            )
+            kube.apply(ratio_policy_manifest(demo), FIELD_MANAGER, kind=RATIO_POLICY)
+            apply_deployment(kube, deployment_manifest(demo))
+
+            def available() -> bool:
+                return _metrics_condition(_object(kube, ns, demo.deployment))[0] == "True"
+
+            problems: list[str] = []
+            wait_for(available, settings.available_timeout_s, 0.5, "MetricsAvailable True at first")
+            outcomes = [
+                _hold_fault(cc, operator, proxy, ns, demo, fault, settings) for fault in settings.faults
+            ]
+            for o in outcomes:
+                expected = GARBAGE_STATES[o.fault]
+                if expected is not None and math.isnan(o.detect_s):
+                    problems.append(f"{o.fault}: MetricsAvailable stayed True ({o.says})")
+                elif expected is not None and not o.says.startswith("False"):
+                    problems.append(f"{o.fault}: MetricsAvailable turned back to {o.says} under the fault")
+                elif expected is not None and f"is {expected}" not in o.says:
+                    problems.append(
+                        f"{o.fault}: MetricsAvailable says {o.says!r}, not that TTFT/ITL is {expected}"
+                    )
+                elif expected is None and not o.says.startswith("True"):
+                    problems.append(
+                        f"{o.fault}: MetricsAvailable {o.says} on a reading the policy may act on"
+                    )
+                if o.shrinks:
+                    problems.append(
+                        f"{o.fault}: scaled down while the answers were garbage: {list(o.shrinks[:3])}"
+                    )
+                if o.tracebacks:
+                    problems.append(f"{o.fault}: {o.tracebacks} tracebacks in the operator's log")
+                if expected is not None and math.isnan(o.recover_s):
+                    problems.append(f"{o.fault}: MetricsAvailable not True again after pass-through")
+            for o in outcomes:
+                p, d = (int(n) for n in o.target.split(":"))
+                if max(p, d) > demo.max_replicas or p + d > demo.max_gpus:
+                    problems.append(f"{o.fault}: target {o.target} past the bounds")
+            if not operator.alive():
+                problems.append("the operator exited")
+            figures: dict[str, Figure] = {}
+            for o in outcomes:
+                if GARBAGE_STATES[o.fault] is not None:
+                    figures[f"{o.fault}_detect_s"] = o.detect_s
+                    figures[f"{o.fault}_recover_s"] = o.recover_s
+                figures[f"{o.fault}_says"] = o.says
+            huge = [o for o in outcomes if o.fault is Fault.HUGE]
+            if huge:
+                figures["huge_target"] = huge[0].target
+            figures["scale_downs_under_faults"] = sum(len(o.shrinks) for o in outcomes)
+            figures["tracebacks"] = sum(o.tracebacks for o in outcomes)
+            detected = [
+                o.detect_s for o in outcomes if GARBAGE_STATES[o.fault] and not math.isnan(o.detect_s)
+            ]
+            recovered = [
+                o.recover_s for o in outcomes if GARBAGE_STATES[o.fault] and not math.isnan(o.recover_s)
+            ]
+            figures["worst_detect_s"] = max(detected, default=float("nan"))
+            figures["worst_recover_s"] = max(recovered, default=float("nan"))
+            return CaseResult(
+                case="prometheus-garbage",
+                done="the operator read Prometheus through a faulty proxy under an autoscaled 2:2 "
+                f"deployment, {len(outcomes)} faults ({', '.join(o.fault for o in outcomes)}) held "
+                f"{settings.hold_s:.0f} s each after it noticed, pass-through between them",
+                figures=figures,
+                target="MetricsAvailable False naming the state (1e30: True, scaled up within bounds), "
+                "0 scale-downs, 0 tracebacks, True again within 2 evaluations (10 s)",
+                problems=tuple(problems),
+                target_met=not problems and all(r <= 10.0 for r in recovered),
+            )
+        finally:
+            if operator is not None:
+                operator.stop()
+            proxy.close()
+            prom.stop()
+            cc.drop_namespace(ns)
+
+
+def _hold_fault(
+    cc: ChaosCluster,
+    operator: OperatorRun,
+    proxy: PrometheusProxy,
+    ns: str,
+    demo: DemoSettings,
+    fault: Fault,
+    settings: PrometheusGarbageSettings,
+) -> FaultOutcome:
+    """One fault: switched on, held ``hold_s`` after MetricsAvailable shows it (at once for a fault it need
+    not show), watched for scale-downs all along, then switched off until MetricsAvailable is True."""
+    kube, name = cc.kube, demo.deployment
+    offset = operator.log_size()
+    obj = _object(kube, ns, name)
+    held = _desired(obj)
+    live_held = {role: child_replicas(kube, ns, f"{name}-{role}") or 0 for role in held}
+    expect = "True" if GARBAGE_STATES[fault] is None else "False"
+    shrinks: list[str] = []
+    proxy.set(fault)
+    started = time.monotonic()
+    noticed: float | None = None
+    while True:  # a window of observation, not a wait for a condition
+        obj = _object(kube, ns, name)
+        now = time.monotonic()
+        desired = _desired(obj)
+        for role, count in held.items():
+            live = child_replicas(kube, ns, f"{name}-{role}")
+            if desired.get(role, count) < count or (live is not None and live < live_held[role]):
+                shrinks.append(f"{role} {count} -> {desired.get(role)} (child {live})")
+        if noticed is None and _metrics_condition(obj)[0] == expect:
+            noticed = now
+        if noticed is not None and now - noticed >= settings.hold_s:
+            break
+        if noticed is None and now - started >= settings.detect_timeout_s:
+            break
+        time.sleep(0.25)
+    status, message = _metrics_condition(obj)
+    says = f"{status}: {message.split(' (')[0]}" if status == "False" else str(status)
+    target = ":".join(str(n) for n in _desired(obj).values())
+    proxy.set(Fault.PASS)
+    back = time.monotonic()
+    recover_s = float("nan")
+    try:
+        wait_for(
+            lambda: _metrics_condition(_object(kube, ns, name))[0] == "True",
+            settings.recover_timeout_s,
+            0.25,
+            f"MetricsAvailable True after {fault}",
+        )
+        recover_s = time.monotonic() - back
+    except WaitTimeout:
+        pass
+    return FaultOutcome(
+        fault=fault,
+        detect_s=float("nan") if noticed is None else noticed - started,
+        says=says,
+        shrinks=tuple(shrinks),
+        recover_s=recover_s,
+        tracebacks=len(tracebacks(operator.log_since(offset))),
+        target=target,
+    )
+
+
 # -- 4. writes of an idle operator ----------------------------------------------------------------------
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
 # what the operator writes: its own objects (any subresource), its children (their spec: the controllers
@@ -1123,6 +1347,7 @@ CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
     "ha-failover": ha_failover,
     "etcd-outage": etcd_outage,
     "prometheus-outage": prometheus_outage,
+    "prometheus-garbage": prometheus_garbage,
     "idle-writes": idle_writes,
     "load": load,
     "scale-down-drain": scale_down_drain,
