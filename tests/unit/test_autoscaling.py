@@ -225,6 +225,13 @@ def test_metrics_condition_names_the_missing_signal() -> None:
     assert "TTFT is missing" in missing.message and "ITL is stale" in missing.message
     garbage = metrics_condition(_observation(Measured.missing(SignalState.INVALID), Measured.of(0.02)))
     assert not garbage.status and "TTFT is invalid" in garbage.message
+    # Prometheus's queries failed: the reason says so and the message quotes the error
+    failed = metrics_condition(
+        _observation(Measured.missing(), Measured.missing()),
+        "Prometheus at http://p did not answer within 5 s",
+    )
+    assert not failed.status and failed.reason == "PrometheusQueryFailed"
+    assert failed.message.startswith("TTFT is missing; ITL is missing: Prometheus at http://p did not answer")
 
 
 def test_limited_condition_prefers_pending_ceilings_then_budget() -> None:

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from disagg.api.common import shorten
 from disagg.chaos.harness import (
     FIELD_MANAGER,
     RESYNC_INTERVAL_S,
@@ -749,6 +750,12 @@ GARBAGE_STATES: dict[Fault, str | None] = {
     Fault.NEGATIVE: "invalid",
     Fault.HUGE: None,  # a TTFT of 1e30 s is a (dreadful) reading: scale up, within the bounds
 }
+# what it must add where Prometheus's queries failed (reason PrometheusQueryFailed, the error quoted)
+GARBAGE_CAUSES: dict[Fault, str] = {
+    Fault.HTTP_500: "PrometheusQueryFailed: TTFT is missing; ITL is missing: PrometheusApiClientException: "
+    "HTTP Status Code 500",
+    Fault.SLOW: "PrometheusQueryFailed: TTFT is missing; ITL is missing: Prometheus at",
+}
 
 
 @dataclass(frozen=True)
@@ -775,9 +782,11 @@ class FaultOutcome:
 
 
 def _metrics_condition(obj: Mapping[str, Any]) -> tuple[str | None, str]:
+    """MetricsAvailable's status, and ``reason: message`` without the fail-static note."""
     for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "MetricsAvailable":
-            return str(cond.get("status")), str(cond.get("message") or "")
+            message = str(cond.get("message") or "").split(" (the policy holds")[0]
+            return str(cond.get("status")), f"{cond.get('reason')}: {message}"
     return None, ""
 
 
@@ -834,6 +843,10 @@ def prometheus_garbage(
                     problems.append(f"{o.fault}: MetricsAvailable stayed True ({o.says})")
                 elif expected is not None and not o.says.startswith("False"):
                     problems.append(f"{o.fault}: MetricsAvailable turned back to {o.says} under the fault")
+                elif o.fault in GARBAGE_CAUSES and GARBAGE_CAUSES[o.fault] not in o.says:
+                    problems.append(
+                        f"{o.fault}: MetricsAvailable says {o.says!r}, not why the queries failed"
+                    )
                 elif expected is not None and f"is {expected}" not in o.says:
                     problems.append(
                         f"{o.fault}: MetricsAvailable says {o.says!r}, not that TTFT/ITL is {expected}"
@@ -861,7 +874,7 @@ def prometheus_garbage(
                 if GARBAGE_STATES[o.fault] is not None:
                     figures[f"{o.fault}_detect_s"] = o.detect_s
                     figures[f"{o.fault}_recover_s"] = o.recover_s
-                figures[f"{o.fault}_says"] = o.says
+                figures[f"{o.fault}_says"] = shorten(o.says, 110)
             huge = [o for o in outcomes if o.fault is Fault.HUGE]
             if huge:
                 figures["huge_target"] = huge[0].target
@@ -931,7 +944,7 @@ def _hold_fault(
             break
         time.sleep(0.25)
     status, message = _metrics_condition(obj)
-    says = f"{status}: {message.split(' (')[0]}" if status == "False" else str(status)
+    says = f"False/{message}" if status == "False" else str(status)
     target = ":".join(str(n) for n in _desired(obj).values())
     proxy.set(Fault.PASS)
     back = time.monotonic()

@@ -149,7 +149,7 @@ def evaluate(
         return None  # the reconciler has not created the pools yet: nothing to decide from
     memo["last_evaluation"] = now
     status = fresh_object(auto.kube, body).get("status") or {}
-    observation, bounds, startups = observe(auto.signals, reading, pools, policy, now)
+    observation, bounds, startups, failure = observe(auto.signals, reading, pools, policy, now)
     state = policy_state(memo, status, now)
     decision, state = decide(
         observation, policy, state, now, bounds, pending_grace_s=auto.settings.pending_grace_s
@@ -171,7 +171,7 @@ def evaluate(
     )
     new_auto["policyMemory"] = memory_patch(previous.get("policyMemory"), to_memory(state, now))
     updates = [
-        metrics_condition(observation),
+        metrics_condition(observation, failure),
         active_condition(str(policy_name), policy.algorithm.value, mode, startup_message(startups)),
         limited_condition(decision, state.limited),
     ]

@@ -108,7 +108,9 @@ class SignalSource(Protocol):
         roles: Mapping[Role, RoleObservation],
         policy: RatioPolicySpec,
         now: float,
-    ) -> Observation: ...
+    ) -> tuple[Observation, str | None]:
+        """The Observation, and why Prometheus gave no TTFT or ITL when its queries failed (else None)."""
+        ...
 
     def running_per_pod(self, dd: DisaggregatedDeployment, role: Role) -> dict[str, float | None]: ...
 
@@ -125,7 +127,7 @@ class PrometheusSignalSource:
         roles: Mapping[Role, RoleObservation],
         policy: RatioPolicySpec,
         now: float,
-    ) -> Observation:
+    ) -> tuple[Observation, str | None]:
         observation, signals = self.adapter.observe(
             dd.spec.engine.type,
             dd.namespace,
@@ -138,7 +140,7 @@ class PrometheusSignalSource:
         )
         if signals.errors:
             log.warning("%s/%s: Prometheus queries failed: %s", dd.namespace, dd.name, signals.errors)
-        return observation
+        return observation, signals.failure()
 
     def running_per_pod(self, dd: DisaggregatedDeployment, role: Role) -> dict[str, float | None]:
         try:
@@ -165,8 +167,9 @@ def observe(
     pools: Mapping[Role, Pool],
     policy: RatioPolicySpec,
     now: float,
-) -> tuple[Observation, Bounds, dict[Role, StartupEstimate | None]]:
-    """The Observation of one evaluation, the bounds to decide within and each role's start-up."""
+) -> tuple[Observation, Bounds, dict[Role, StartupEstimate | None], str | None]:
+    """The Observation of one evaluation, the bounds to decide within, each role's start-up and why
+    Prometheus gave no TTFT or ITL when its queries failed."""
     startups = role_startups(reading, {role: pool.pods for role, pool in pools.items()})
     bounds = deployment_bounds(reading, startups)
     roles = {
@@ -174,5 +177,6 @@ def observe(
         for role, pool in pools.items()
     }
     if signals is None:
-        return Observation(time=now, prefill=roles["prefill"], decode=roles["decode"]), bounds, startups
-    return signals.observe(reading.dd, roles, policy, now), bounds, startups
+        return Observation(time=now, prefill=roles["prefill"], decode=roles["decode"]), bounds, startups, None
+    observation, failure = signals.observe(reading.dd, roles, policy, now)
+    return observation, bounds, startups, failure

@@ -89,8 +89,15 @@ class ConditionUpdate:
     message: str
 
 
-def metrics_condition(observation: Observation) -> ConditionUpdate:
-    """MetricsAvailable from the user-facing latencies the policy steers by."""
+# room left in MetricsAvailable's message for Prometheus's error
+MAX_FAILURE_MESSAGE = 240
+
+
+def metrics_condition(observation: Observation, failure: str | None = None) -> ConditionUpdate:
+    """MetricsAvailable from the user-facing latencies the policy steers by. ``failure``: why Prometheus
+    gave none when its queries failed (reason PrometheusQueryFailed, the error in the message); otherwise
+    the reason is MetricsMissing and the message names each signal's state (missing, nan, stale,
+    invalid)."""
     missing = [
         f"{name} is {signal.state.value}"
         for name, signal in (("TTFT", observation.ttft), ("ITL", observation.itl))
@@ -100,8 +107,14 @@ def metrics_condition(observation: Observation) -> ConditionUpdate:
         return ConditionUpdate(
             CONDITION_METRICS, True, "MetricsOK", "TTFT and ITL are available from Prometheus"
         )
-    message = "; ".join(missing) + " (the policy holds replicas: fail-static)"
-    return ConditionUpdate(CONDITION_METRICS, False, "MetricsMissing", message)
+    message = "; ".join(missing)
+    reason = "MetricsMissing"
+    if failure:
+        message += f": {shorten(failure, MAX_FAILURE_MESSAGE)}"
+        reason = "PrometheusQueryFailed"
+    return ConditionUpdate(
+        CONDITION_METRICS, False, reason, message + " (the policy holds replicas: fail-static)"
+    )
 
 
 def limited_condition(decision: Decision, ceiling: Mapping[str, int]) -> ConditionUpdate:

@@ -27,6 +27,7 @@ import requests
 from prometheus_api_client import PrometheusConnect
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import Timeout
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from disagg.metrics.queries import (
@@ -61,6 +62,15 @@ class Signals:
 
     def get(self, key: str) -> Measured:
         return self.values.get(key, MISSING)
+
+    def failure(self) -> str | None:
+        """Why Prometheus gave no TTFT or ITL (the error of the first of their queries that failed: an
+        HTTP error, no answer within the timeout, unreachable); None when it answered them."""
+        return next((self.errors[n] for n in LATENCY_SIGNALS if n in self.errors), None)
+
+
+# the queries the user-facing latencies come from (see user_ttft)
+LATENCY_SIGNALS = ("ttft_router", "ttft_prefill_side", "ttft_decode_side", "itl")
 
 
 # What a signal can be. Fractions (KV-cache usage, the prefix-cache hit rate) lie in [0, 1]; the age of
@@ -223,13 +233,25 @@ class PrometheusSignals:
             try:
                 values[name] = in_range(name, measured_from_result(prom.custom_query(promql)))
             except (RequestsConnectionError, Timeout) as exc:
-                unreachable = f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {exc}"
+                unreachable = self._unreachable(exc)
                 values[name] = Measured.missing(SignalState.MISSING)
                 errors[name] = unreachable
             except Exception as exc:  # any other failure of one query is that signal missing
                 values[name] = Measured.missing(SignalState.MISSING)
                 errors[name] = f"{type(exc).__name__}: {exc}"
         return Signals(values, errors)
+
+    def _unreachable(self, exc: Exception) -> str:
+        """What a failed connection says: a timeout (requests wraps urllib3's, retries exhausted, in a
+        ConnectionError) as such, rather than the whole query URL urllib3 puts in its message. A refused
+        connection is not one (urllib3's NewConnectionError subclasses ConnectTimeoutError)."""
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        timed_out = isinstance(reason, ReadTimeoutError) or (
+            isinstance(reason, ConnectTimeoutError) and not isinstance(reason, NewConnectionError)
+        )
+        if isinstance(exc, Timeout) or timed_out:
+            return f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s"
+        return f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {exc}"
 
     def read(
         self,
