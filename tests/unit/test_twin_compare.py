@@ -115,6 +115,14 @@ def test_the_colocated_hpa_scales_up_under_load_and_stays_in_the_budget() -> Non
     assert out.report.gpus <= 6
 
 
+@pytest.fixture
+def twin_8b(tmp_path: Path) -> Path:
+    """The 8B twin deployment as a file for the CLI."""
+    path = tmp_path / "dep.yaml"
+    path.write_text(TWIN_8B)
+    return path
+
+
 def run_cli(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
     rc = main(["simulate", "--trace", str(TRACE), "--duration", "60", "--quiet", *flags])
     captured = capsys.readouterr()
@@ -122,13 +130,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, 
 
 
 def test_compare_all_shows_four_labelled_rows_on_one_budget(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, twin_8b: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dep = tmp_path / "dep.yaml"
-    dep.write_text(TWIN_8B)
     out_dir = tmp_path / "out"
     rc, out, _ = run_cli(
-        capsys, "--deployment", str(dep), "--compare", "all", "--gpu-budget", "4", "--out", str(out_dir)
+        capsys, "--deployment", str(twin_8b), "--compare", "all", "--gpu-budget", "4", "--out", str(out_dir)
     )
     assert rc == 0
     table = out.split("-----\n", 1)[1].splitlines()
@@ -147,11 +153,9 @@ def test_compare_all_shows_four_labelled_rows_on_one_budget(
 
 
 def test_compare_colocated_is_still_the_one_colocated_row(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    twin_8b: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dep = tmp_path / "dep.yaml"
-    dep.write_text(TWIN_8B)
-    rc, out, _ = run_cli(capsys, "--deployment", str(dep), "--compare", "colocated")
+    rc, out, _ = run_cli(capsys, "--deployment", str(twin_8b), "--compare", "colocated")
     assert rc == 0
     rows = out.split("-----\n", 1)[1].splitlines()
     assert rows[0].startswith("twin P/D ") and rows[1].startswith("twin colocated ")
@@ -159,15 +163,13 @@ def test_compare_colocated_is_still_the_one_colocated_row(
 
 
 def test_recommend_prints_and_writes_the_top_configurations(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, twin_8b: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dep = tmp_path / "dep.yaml"
-    dep.write_text(TWIN_8B)
     out_dir = tmp_path / "out"
     rc, out, _ = run_cli(
         capsys,
         "--deployment",
-        str(dep),
+        str(twin_8b),
         "--recommend",
         "--gpu-budget",
         "3",
@@ -196,11 +198,9 @@ def test_recommend_prints_and_writes_the_top_configurations(
     ],
 )
 def test_comparison_flags_without_what_reads_them_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+    twin_8b: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
-    dep = tmp_path / "dep.yaml"
-    dep.write_text(TWIN_8B)
-    rc, out, err = run_cli(capsys, "--deployment", str(dep), *flags)
+    rc, out, err = run_cli(capsys, "--deployment", str(twin_8b), *flags)
     assert rc == 2 and out == ""
     assert err.strip() == f"disagg simulate: {err.strip().removeprefix('disagg simulate: ')}"
     assert message in err
@@ -208,12 +208,10 @@ def test_comparison_flags_without_what_reads_them_exit_2(
 
 @pytest.mark.parametrize("flags", [["--gpu-budget", "0"], ["--top", "-1"], ["--compare", "split"]])
 def test_bad_comparison_values_are_usage_errors(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+    twin_8b: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
 ) -> None:
-    dep = tmp_path / "dep.yaml"
-    dep.write_text(TWIN_8B)
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(capsys, "--deployment", str(dep), "--recommend", *flags)
+        run_cli(capsys, "--deployment", str(twin_8b), "--recommend", *flags)
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,24 @@ from disagg.perf.moe import (
     load_moe_latency_model,
     moe_profiles,
 )
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def example_deployment(name: str) -> dict[str, Any]:
+    """The DisaggregatedDeployment document of ``examples/<name>``."""
+    return next(
+        d
+        for d in yaml.safe_load_all((EXAMPLES / name).read_text())
+        if d and d.get("kind") == "DisaggregatedDeployment"
+    )
+
+
+def with_decode_args(doc: dict[str, Any], *args: str) -> dict[str, Any]:
+    """A copy of ``doc`` whose decode pool has ``args`` appended to its engine args."""
+    decode = {**doc["spec"]["decode"]}
+    decode["args"] = [*(decode.get("args") or []), *args]
+    return {**doc, "spec": {**doc["spec"], "decode": decode}}
 
 
 def test_every_model_has_a_profile_on_h100_h200_and_b200() -> None:
@@ -213,11 +232,7 @@ def test_deepseek_deployment_beyond_one_node_reads_as_wide_ep() -> None:
     from disagg.policy.bounds import replica_layout
     from disagg.policy.types import ReplicaLayout
 
-    base = next(
-        d
-        for d in yaml.safe_load_all((Path(__file__).parents[2] / "examples" / "vllm-nixl.yaml").read_text())
-        if d and d.get("kind") == "DisaggregatedDeployment"
-    )
+    base = example_deployment("vllm-nixl.yaml")
 
     def layout(model: str, tp: int, args: list[str]) -> ReplicaLayout:
         doc = {**base, "spec": {**base["spec"], "model": {**base["spec"]["model"], "name": model}}}
@@ -444,16 +459,10 @@ def test_deployment_with_mtp_flags_simulates_faster_decode() -> None:
     from disagg.twin.sim import SimDeployment, simulate
     from disagg.twin.traffic import Request
 
-    base = next(
-        d
-        for d in yaml.safe_load_all(
-            (Path(__file__).parents[2] / "examples" / "deepseek-r1-wideep-vllm.yaml").read_text()
-        )
-        if d and d.get("kind") == "DisaggregatedDeployment"
+    base = example_deployment("deepseek-r1-wideep-vllm.yaml")
+    doc = with_decode_args(
+        base, "--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}'
     )
-    flag = ["--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}']
-    doc = {**base, "spec": {**base["spec"], "decode": {**base["spec"]["decode"]}}}
-    doc["spec"]["decode"]["args"] = [*(base["spec"]["decode"].get("args") or []), *flag]
     with_mtp = SimDeployment.from_model(DisaggregatedDeployment.model_validate(doc))
     plain = SimDeployment.from_model(DisaggregatedDeployment.model_validate(base))
     assert with_mtp.decode is not None and with_mtp.decode.mtp_tokens == 1
@@ -471,11 +480,7 @@ def test_sglang_deployment_with_tp16_over_two_nodes_simulates() -> None:
     from disagg.twin.sim import SimDeployment, simulate
     from disagg.twin.traffic import Request
 
-    base = next(
-        d
-        for d in yaml.safe_load_all((Path(__file__).parents[2] / "examples" / "sglang-nixl.yaml").read_text())
-        if d and d.get("kind") == "DisaggregatedDeployment"
-    )
+    base = example_deployment("sglang-nixl.yaml")
     spec = {**base["spec"], "model": {**base["spec"]["model"], "name": "meta-llama/Llama-3.1-405B-Instruct"}}
     for role in ("prefill", "decode"):
         pool = {k: v for k, v in base["spec"][role].items() if k not in ("tensorParallelSize", "resources")}
@@ -511,16 +516,8 @@ def test_policy_sizes_decode_with_the_mtp_its_engine_flags_ask_for() -> None:
     from disagg.policy.bounds import serving_profile
     from disagg.policy.capacity import load_models
 
-    base = next(
-        d
-        for d in yaml.safe_load_all(
-            (Path(__file__).parents[2] / "examples" / "deepseek-r1-wideep-vllm.yaml").read_text()
-        )
-        if d and d.get("kind") == "DisaggregatedDeployment"
-    )
-    flag = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
-    doc = {**base, "spec": {**base["spec"], "decode": {**base["spec"]["decode"]}}}
-    doc["spec"]["decode"]["args"] = [*(base["spec"]["decode"].get("args") or []), *flag]
+    base = example_deployment("deepseek-r1-wideep-vllm.yaml")
+    doc = with_decode_args(base, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
     plain = serving_profile(DisaggregatedDeployment.model_validate(base).spec)
     mtp = serving_profile(DisaggregatedDeployment.model_validate(doc).spec)
     assert (plain.mtp_decode, mtp.mtp_decode) == (0, 1)

@@ -25,8 +25,9 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +391,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _progress_task(
+    progress: Progress, args: argparse.Namespace, label: str, unit: str, total: int | None = None
+) -> Iterator[_Task]:
+    """A progress bar over ``unit`` for one piece of work, removed when it ends; unless --quiet, the work's
+    ``done in`` line (after :attr:`_Task.summary`, when the work set one)."""
+    t0 = time.monotonic()
+    task = _Task(progress, progress.add_task(label, total=total, detail=unit), unit)
+    yield task
+    progress.remove_task(task.id)
+    if not args.quiet:
+        said = f"{label}: {task.summary}" if task.summary else label
+        progress.console.print(f"{said}: done in {time.monotonic() - t0:.1f}s wall")
+
+
+@dataclass
+class _Task:
+    progress: Progress
+    id: TaskID
+    unit: str
+    summary: str = ""
+
+    def show(self, done: int, total: int, where: str) -> None:
+        self.progress.update(self.id, completed=done, total=total, detail=f"{self.unit}  {where}")
+
+
 def _run_with_progress(
     progress: Progress,
     args: argparse.Namespace,
@@ -400,17 +427,16 @@ def _run_with_progress(
     controller: Controller | None,
 ) -> compare.Outcome:
     """One run with a progress bar over its requests and, unless --quiet, a ``done in`` line."""
-    t0 = time.monotonic()
-    task = progress.add_task(label, total=len(reqs), detail="requests")
-
-    def show(now: float, done: int, total: int, task: TaskID = task) -> None:
-        progress.update(task, completed=done, total=total, detail=f"requests  t={now:8.0f}s")
-
-    o = compare.run_one(dep, reqs, slo, label, controller, args.seed, show)
-    progress.remove_task(task)
-    if not args.quiet:
-        progress.console.print(f"{label}: done in {time.monotonic() - t0:.1f}s wall")
-    return o
+    with _progress_task(progress, args, label, "requests", len(reqs)) as task:
+        return compare.run_one(
+            dep,
+            reqs,
+            slo,
+            label,
+            controller,
+            args.seed,
+            lambda now, done, total: task.show(done, total, f"t={now:8.0f}s"),
+        )
 
 
 def _sweep(
@@ -420,17 +446,10 @@ def _sweep(
     search: Callable[[compare.Progress], compare.Search],
 ) -> compare.Search:
     """A search with a progress bar over its configurations and, unless --quiet, a ``done in`` line."""
-    t0 = time.monotonic()
-    task = progress.add_task(what, total=None, detail="configurations")
-
-    def show(done: int, total: int, label: str, task: TaskID = task) -> None:
-        progress.update(task, completed=done, total=total, detail=f"configurations  {label}")
-
-    found = search(show)
-    progress.remove_task(task)
-    if not args.quiet:
-        progress.console.print(f"{what}: {found.describe()}: done in {time.monotonic() - t0:.1f}s wall")
-    return found
+    with _progress_task(progress, args, what, "configurations") as task:
+        found = search(task.show)
+        task.summary = found.describe()
+        return found
 
 
 def _compare_all(

@@ -267,23 +267,27 @@ def latency(
                     col=1,
                 )
     for row, metric, slo in ((1, "ttft", ttft_slo_s), (2, "itl", itl_slo_s)):
-        fig.add_scatter(
-            x=[0.0, end],
-            y=[slo, slo],
-            name=f"{metric.upper()} SLO {slo:g} s",
-            mode="lines",
-            line={"color": SLO_COLOR, "dash": "dashdot", "width": 1.5},
-            hovertemplate=f"{metric.upper()} SLO {slo:g} s<extra></extra>",
-            meta={"kind": "slo", "metric": metric, "value": slo},
-            row=row,
-            col=1,
-        )
+        _target_line(fig, end, slo, f"{metric.upper()} SLO {slo:g} s", metric, row=row, col=1)
     fig.update_yaxes(title_text="TTFT (s)", type="log", row=1, col=1)
     fig.update_yaxes(title_text="ITL (s)", type="log", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
     layout(fig, 560)
     fig.update_layout(hovermode="x unified")
     return fig
+
+
+def _target_line(fig: Any, end: float, value: float, name: str, metric: str, **where: int) -> None:
+    """A horizontal target line (an SLO or the attainment target) from 0 to ``end`` s, in the SLO colour."""
+    fig.add_scatter(
+        x=[0.0, end],
+        y=[value, value],
+        name=name,
+        mode="lines",
+        line={"color": SLO_COLOR, "dash": "dashdot", "width": 1.5},
+        hovertemplate=f"{name}<extra></extra>",
+        meta={"kind": "slo", "metric": metric, "value": value},
+        **where,
+    )
 
 
 def attainment(results: Sequence[tuple[str, SimResult]], wins: Sequence[Windows], target: float) -> Any:
@@ -314,15 +318,7 @@ def attainment(results: Sequence[tuple[str, SimResult]], wins: Sequence[Windows]
                 "%{customdata[3]:.0f} of %{customdata[2]:.0f} good<extra>" + label + "</extra>",
                 meta={"kind": "attainment", "run": label, "series": what},
             )
-    fig.add_scatter(
-        x=[0.0, end],
-        y=[target, target],
-        name=f"target {target:.0%}",
-        mode="lines",
-        line={"color": SLO_COLOR, "dash": "dashdot", "width": 1.5},
-        hovertemplate=f"target {target:.0%}<extra></extra>",
-        meta={"kind": "slo", "metric": "attainment", "value": target},
-    )
+    _target_line(fig, end, target, f"target {target:.0%}", "attainment")
     fig.update_yaxes(title_text="met both targets", tickformat=".0%", range=[0, 1.05])
     fig.update_xaxes(title_text="time (s)")
     layout(fig, 340)
