@@ -47,6 +47,21 @@ def test_kopf_keeps_its_state_in_annotations_so_status_stays_ours() -> None:
     assert settings.execution.max_workers == 3
 
 
+def test_children_are_watched_through_the_deployment_label() -> None:
+    """The API server filters child watches by the label every rendered child carries (and nothing else)."""
+    from kopf._cogs.structs.references import Resource
+
+    from disagg.controller.handlers import CHILD_RESOURCES
+    from disagg.render.names import DEPLOYMENT_LABEL
+
+    settings = kopf_settings(RunOptions())
+    for group, version, plural in CHILD_RESOURCES:
+        resource = Resource(group, version, plural, preferred=True)
+        assert list(settings.watching.label_selectors.collect(resource)) == [DEPLOYMENT_LABEL], plural
+    own = Resource("disagg.dev", "v1alpha1", "disaggregateddeployments", preferred=True)
+    assert list(settings.watching.label_selectors.collect(own)) == []
+
+
 def test_settings_come_from_the_environment_and_the_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
@@ -184,6 +185,86 @@ def test_gate_folds_a_burst_into_one_follow_up_run() -> None:
     assert not first.is_alive() and not follow_up.is_alive()
     assert runs == ["first", "second at 1"]
     assert results and results[0][0] is True
+
+
+def test_trigger_queue_keeps_one_pending_run_per_key_at_the_highest_level() -> None:
+    from disagg.controller.gate import TriggerQueue
+
+    queued: list[Callable[[], None]] = []
+    runs: list[tuple[object, int]] = []
+    queue = TriggerQueue(queued.append, lambda key, level: runs.append((key, level)))
+    assert queue.trigger("a", 1) is True
+    assert queue.trigger("a", 2) is False and queue.trigger("a", 1) is False  # folded, level raised
+    assert queue.trigger("b", 1) is True
+    assert len(queued) == 2 and queue.pending() == 2
+    queued.pop(0)()
+    assert runs == [("a", 2)] and queue.pending() == 1
+    assert queue.trigger("a", 1) is True  # the run started: the next trigger queues the next run
+    for work in queued:
+        work()
+    assert runs == [("a", 2), ("b", 1), ("a", 1)] and queue.pending() == 0
+
+
+def test_trigger_queue_drops_a_trigger_the_stopped_pool_refuses() -> None:
+    from disagg.controller.gate import TriggerQueue
+
+    def refuse(work: Callable[[], None]) -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    queue = TriggerQueue(refuse, lambda key, level: None)
+    assert queue.trigger("a", 1) is False and queue.pending() == 0
+
+
+def test_watch_handlers_return_before_the_reconcile_runs() -> None:
+    """The child-event handler is a coroutine: it decides the level, hands the run to the pool and
+    returns (kopf can free the event's body); triggers for one owner fold while its run waits."""
+    import asyncio
+
+    import kopf
+
+    from disagg.controller.handlers import ReconcileContext, register
+    from disagg.controller.reconcile import Reconciler
+    from disagg.controller.settings import ControllerSettings
+
+    submitted: list[Callable[[], None]] = []
+
+    class Pool:
+        def submit(self, work: Callable[[], None]) -> None:
+            submitted.append(work)
+
+    reconciled: list[tuple[str, str]] = []
+
+    class Recorder(Reconciler):
+        def reconcile(self, namespace: str, name: str) -> None:  # type: ignore[override]
+            reconciled.append((namespace, name))
+
+    settings = ControllerSettings()
+    context = ReconcileContext(Recorder(None, settings), ReconcileGate(), settings, Pool())  # type: ignore[arg-type]
+    registry = kopf.OperatorRegistry()
+    register(registry, context)
+    (handler,) = [h for h in registry._watching.get_all_handlers() if h.id == "child-deployments"]
+    child = {
+        "kind": "Deployment",
+        "metadata": {
+            "name": "llama-decode",
+            "namespace": "team",
+            "ownerReferences": [
+                {
+                    "apiVersion": "disagg.dev/v1alpha1",
+                    "kind": "DisaggregatedDeployment",
+                    "name": "llama",
+                    "uid": "u1",
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    for kind in ("MODIFIED", "DELETED"):
+        assert asyncio.run(handler.fn(event={"type": kind}, body=child)) is None
+    assert reconciled == [] and len(submitted) == 1  # nothing applied yet: FULL, and the two folded
+    assert context.triggers.pending() == 1
+    submitted[0]()
+    assert reconciled == [("team", "llama")] and context.triggers.pending() == 0
 
 
 def test_matches_allows_server_additions_but_not_changes() -> None:

@@ -53,3 +53,43 @@ class ReconcileGate:
             slot = self._slots.get(key)
             if slot is not None and not slot.waiting and not slot.lock.locked():
                 del self._slots[key]
+
+
+class TriggerQueue:
+    """Triggers run on a thread pool, at most one pending run per key.
+
+    A watch handler that only triggers returns at once, so kopf can drop the event's body instead of
+    holding it while the handler waits for a thread (a rollout of hundreds of deployments brings thousands
+    of child events). Triggers for a key whose run has not started yet fold into that run at the highest
+    level asked; a trigger that comes once the run has started queues the next one (which reads afresh).
+    """
+
+    def __init__(self, submit: Callable[[Callable[[], None]], object], run: Callable[[Hashable, int], None]):
+        self._submit = submit
+        self._run = run
+        self._guard = threading.Lock()
+        self._pending: dict[Hashable, int] = {}
+
+    def trigger(self, key: Hashable, level: int) -> bool:
+        """Queue a run of ``key`` at ``level``; False when a pending run took the trigger over."""
+        with self._guard:
+            if key in self._pending:
+                self._pending[key] = max(self._pending[key], level)
+                return False
+            self._pending[key] = level
+        try:
+            self._submit(lambda: self._start(key))
+        except RuntimeError:  # the pool is shut down: the operator is stopping
+            with self._guard:
+                self._pending.pop(key, None)
+            return False
+        return True
+
+    def pending(self) -> int:
+        with self._guard:
+            return len(self._pending)
+
+    def _start(self, key: Hashable) -> None:
+        with self._guard:
+            level = self._pending.pop(key)
+        self._run(key, level)

@@ -4,22 +4,25 @@ What triggers a reconcile of a DisaggregatedDeployment:
 - its creation, a change of its spec/labels/annotations, and the operator's start (create/update/resume);
 - a change of ``status.autoscaling.desiredReplicas`` that asks for replicas other than those applied
   (a watch-event handler: kopf's field handlers ignore status, the autoscaler's channel to the reconciler);
-- any watch event of a child it controls (found by its controller owner reference, so a child whose
-  labels were removed by hand is still seen): drift is undone, and readiness flows into status;
+- any watch event of a child it controls (the watch asks the API server for objects with the deployment
+  label; a child whose label is removed by hand leaves that selection, which the watch reports as a
+  deletion): drift is undone, and readiness flows into status;
 - a resync timer, as a safety net for anything missed.
-All of them go through one per-object gate, so reconciles of one object never overlap.
+All of them go through one per-object gate, so reconciles of one object never overlap; the watch-event
+triggers fold into at most one pending run per object on the handler thread pool.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from disagg.controller.gate import ReconcileGate
+from disagg.controller.gate import ReconcileGate, TriggerQueue
 from disagg.controller.reconcile import FULL, SKIP, Key, Reconciler, TransientError
 from disagg.controller.settings import ControllerSettings
 from disagg.k8s.apply import controller_owner
@@ -37,6 +40,25 @@ class ReconcileContext:
     reconciler: Reconciler
     gate: ReconcileGate
     settings: ControllerSettings
+    # where watch events' reconciles run (kopf's handler thread pool); None runs them in the caller
+    executor: Executor | None = None
+    triggers: TriggerQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        submit = self.executor.submit if self.executor is not None else _call
+        object.__setattr__(self, "triggers", TriggerQueue(submit, self._run_triggered))
+
+    def trigger(self, key: Key, level: int) -> None:
+        """Reconcile ``key`` at ``level`` on the pool and return at once (a watch handler's way)."""
+        if level != SKIP:
+            self.triggers.trigger(key, level)
+
+    def _run_triggered(self, key: Hashable, level: int) -> None:
+        assert isinstance(key, tuple)
+        try:
+            _reconcile_quietly(self, key, "a watch event", level)
+        except Exception:  # a thread pool would keep it in a future nobody reads
+            log.exception("reconcile of %s/%s after a watch event failed", *key)
 
     def reconcile(self, key: Key, level: int = FULL) -> None:
         """Reconcile (FULL) or refresh the status (REFRESH) under the gate; TransientError propagates."""
@@ -79,7 +101,9 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
     for decorator in (kopf.on.resume, kopf.on.create, kopf.on.update):
         decorator(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(on_spec)
 
-    def on_own_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
+    # The watch-event handlers are coroutines that decide on the event loop (cheap, in-memory) and hand
+    # the reconcile to the pool: they never wait for a thread while holding the event's body.
+    async def on_own_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
         metadata = body.get("metadata") or {}
         key: Key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
         if event.get("type") == "DELETED":
@@ -88,22 +112,21 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
         if not context.reconciler.needs_reapply(body):
             return
         log.info("desired replicas of %s/%s changed: reconciling", *key)
-        _reconcile_quietly(context, key, "replicas change")
+        context.trigger(key, FULL)
 
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="replicas-watch")(on_own_event)
 
-    def on_child_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
+    async def on_child_event(event: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> None:
         key = owner_key(body)
         if key is None:
             return
         deleted = event.get("type") == "DELETED"
         level = context.reconciler.child_event_level(key, body, deleted=deleted)
-        if deleted:
+        if deleted:  # deleted, or its deployment label was removed (it left the watch's selection)
             log.info(
                 "%s/%s was deleted: reconciling %s/%s", body.get("kind"), body["metadata"].get("name"), *key
             )
-        why = f"event of {body.get('kind')}/{body['metadata'].get('name')}"
-        _reconcile_quietly(context, key, why, level)
+        context.trigger(key, level)
 
     for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(
@@ -130,3 +153,7 @@ def _reconcile_quietly(context: ReconcileContext, key: Key, why: str, level: int
         context.reconcile(key, level)
     except TransientError as error:
         log.warning("reconcile of %s/%s after %s failed, will retry on resync: %s", *key, why, error)
+
+
+def _call(work: Callable[[], None]) -> None:
+    work()

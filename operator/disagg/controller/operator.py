@@ -16,6 +16,7 @@ from disagg.controller.handlers import ReconcileContext
 from disagg.controller.metrics import AutoscalingMetrics, create_metrics, serve_metrics
 from disagg.controller.reconcile import Reconciler
 from disagg.controller.settings import ControllerSettings
+from disagg.k8s.apply import DEPLOYMENT_LABEL
 from disagg.k8s.client import KubeApi, load_api_client
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
     settings.watching.server_timeout = ours.watch_server_timeout_s
     settings.watching.client_timeout = ours.watch_client_timeout_s
     settings.execution.max_workers = ours.max_workers
+    settings.batching.idle_timeout = ours.watch_worker_idle_s
+    # Children are watched only for drift: ask the API server for those carrying the deployment label (every
+    # rendered child has it; the pruner finds children by it too), not every Deployment, Service and
+    # ConfigMap in the cluster. A child whose label is removed leaves the selection, which the watch
+    # reports as DELETED, and the reconcile that follows puts the label back.
+    for resource in handlers.CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = DEPLOYMENT_LABEL
     if options.peering_lifetime_s is not None:
         settings.peering.lifetime = options.peering_lifetime_s
     return settings
@@ -70,7 +78,9 @@ def run_operator(options: RunOptions) -> int:
     registry = kopf.OperatorRegistry()
     # a fresh registry has no login handler (kopf's default one adds them): log in as the client we use
     kopf.on.login(registry=registry)(kopf.login_via_client)
-    handlers.register(registry, ReconcileContext(reconciler, ReconcileGate(), options.settings))
+    settings = kopf_settings(options)
+    context = ReconcileContext(reconciler, ReconcileGate(), options.settings, settings.execution.executor)
+    handlers.register(registry, context)
     autoscaling = AutoscalingMetrics.create(metrics.registry)
     autoscaler.register(
         registry, autoscaler.Autoscaler.create(api, options.settings.autoscaling, autoscaling)
@@ -80,7 +90,7 @@ def run_operator(options: RunOptions) -> int:
         log.info("metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
     kopf.run(
         registry=registry,
-        settings=kopf_settings(options),
+        settings=settings,
         standalone=options.standalone,
         peering_name=options.peering_name,
         priority=options.peering_priority,

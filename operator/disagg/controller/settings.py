@@ -82,6 +82,9 @@ class ControllerSettings(BaseSettings):
     kopf_event_level: str = "WARNING"
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
     max_workers: int = Field(default=8, ge=1)
+    # kopf keeps a worker (and the last event body it got) per watched object until no event came for this
+    # long; its default is 5 s. Shorter frees a rollout's thousands of child bodies sooner (peak memory).
+    watch_worker_idle_s: float = Field(default=5.0, gt=0)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
 
     @property
