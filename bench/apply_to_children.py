@@ -3,10 +3,15 @@
 Brings up the local control plane (or reuses the one `disagg cluster up` started), installs the CRDs,
 runs the operator as a real process (`disagg run --standalone --namespace NS`), then applies N small
 deployments one after another and, for each, measures the wall time from the apply request to the moment
-every rendered child (Deployments, Services, PDBs, ConfigMaps, RBAC) is listed by the API server. Prints
-p50/p90/p99/max. Each deployment is deleted after it is measured so every apply meets the same cluster.
+every rendered child (Deployments, Services, PDBs, ConfigMaps, RBAC) is listed by the API server. Each
+deployment is deleted after it is measured so every apply meets the same cluster.
 
-    .venv/bin/python bench/apply_to_children.py [--applies 50] [--state-dir DIR] [--keep-cluster]
+It does this --runs times (a fresh operator each) at the operator's default apply concurrency and, side
+by side, with one request at a time (--baseline-concurrency, DISAGG_APPLY_CONCURRENCY), and prints each
+run's p50/p90/p99/max, the spread of p50 and p99 over the runs, the ratio of the two settings and the
+target (p99 <= 300 ms for one deployment's children, issue 13).
+
+    .venv/bin/python bench/apply_to_children.py [--applies 50] [--runs 5] [--state-dir DIR] [--keep-cluster]
 """
 
 from __future__ import annotations
@@ -52,16 +57,27 @@ _LAST_FIRST = (PDB, DEPLOYMENT, SERVICE, CONFIGMAP, ROLEBINDING, ROLE, SERVICEAC
 CHECK_ORDER = (*_LAST_FIRST, *(k for k in CHILD_KINDS if k not in _LAST_FIRST))
 
 
+P99_TARGET_MS = 300.0  # issue 13: one deployment's children applied within 300 ms at p99
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     applies: int = 50
+    runs: int = 5
+    baseline_concurrency: int = 1
     poll_interval_s: float = 0.02
     timeout_s: float = 60.0
     operator_start_timeout_s: float = 90.0
 
 
 def start_operator(
-    kubeconfig: Path, namespace: str, log_path: Path, timeout_s: float, port: int, metrics_port: int
+    kubeconfig: Path,
+    namespace: str,
+    log_path: Path,
+    timeout_s: float,
+    port: int,
+    metrics_port: int,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     command = [
         str(Path(sys.executable).parent / "disagg"),
@@ -80,7 +96,10 @@ def start_operator(
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)},
         )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -152,13 +171,59 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def print_table(samples: list[float]) -> None:
-    ms = [s * 1000 for s in samples]
-    print(f"apply -> all children present, {len(ms)} applies (one vLLM+NIXL deployment, 13 children each)")
-    print(f"{'p50':>10} {'p90':>10} {'p99':>10} {'max':>10} {'mean':>10}")
+@dataclass(frozen=True)
+class Run:
+    samples_ms: list[float]
+    reconciles: int
+    reconcile_mean_ms: float
+
+    def q(self, p: float) -> float:
+        return percentile(self.samples_ms, p)
+
+
+def one_run(
+    kube: KubeApi,
+    kubeconfig: Path,
+    namespace: str,
+    settings: BenchSettings,
+    concurrency: int | None,
+    tag: str,
+) -> tuple[Run, Path]:
+    """A fresh operator (with ``DISAGG_APPLY_CONCURRENCY`` when given), ``settings.applies`` applies."""
+    log_path = Path(tempfile.mkdtemp(prefix="disagg-bench-")) / f"operator-{tag}.log"
+    port, metrics_port = free_ports(2)  # held together: two distinct ports
+    env = {"DISAGG_APPLY_CONCURRENCY": str(concurrency)} if concurrency is not None else None
+    operator = start_operator(
+        kubeconfig, namespace, log_path, settings.operator_start_timeout_s, port, metrics_port, env
+    )
+    try:
+        samples = [
+            measure_one(kube, namespace, f"bench-{tag}-{i}", settings) for i in range(settings.applies)
+        ]
+        total_s, count = reconcile_seconds(metrics_port)
+    finally:
+        operator.send_signal(signal.SIGTERM)
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+    mean_ms = total_s / count * 1000 if count else float("nan")
+    return Run([s * 1000 for s in samples], count, mean_ms), log_path
+
+
+def print_runs(label: str, runs: list[Run]) -> None:
+    print(f"{label}")
+    print(f"{'run':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9} {'mean':>9} {'reconcile':>10}")
+    for i, run in enumerate(runs, 1):
+        print(
+            f"{i:>5} {run.q(50):>7.0f}ms {run.q(90):>7.0f}ms {run.q(99):>7.0f}ms "
+            f"{max(run.samples_ms):>7.0f}ms {statistics.fmean(run.samples_ms):>7.0f}ms "
+            f"{run.reconcile_mean_ms:>8.0f}ms"
+        )
+    p50s, p99s = [r.q(50) for r in runs], [r.q(99) for r in runs]
     print(
-        f"{percentile(ms, 50):>8.0f}ms {percentile(ms, 90):>8.0f}ms {percentile(ms, 99):>8.0f}ms "
-        f"{max(ms):>8.0f}ms {statistics.fmean(ms):>8.0f}ms"
+        f"{'spread':>5} p50 {min(p50s):.0f}-{max(p50s):.0f} ms (median {statistics.median(p50s):.0f}), "
+        f"p99 {min(p99s):.0f}-{max(p99s):.0f} ms (median {statistics.median(p99s):.0f})"
     )
 
 
@@ -167,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--applies", type=int, default=BenchSettings.applies)
+    parser.add_argument("--runs", type=int, default=BenchSettings.runs, help="fresh operators per setting")
+    parser.add_argument(
+        "--baseline-concurrency",
+        type=int,
+        default=BenchSettings.baseline_concurrency,
+        help="apply concurrency of the side-by-side baseline (0: no baseline)",
+    )
     parser.add_argument(
         "--state-dir", type=Path, default=None, help="cluster state (default: disagg cluster's)"
     )
@@ -174,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-cluster", action="store_true", help="leave a cluster this run started running"
     )
     args = parser.parse_args(argv)
-    settings = BenchSettings(applies=args.applies)
+    settings = BenchSettings(
+        applies=args.applies, runs=args.runs, baseline_concurrency=args.baseline_concurrency
+    )
 
     local = LocalCluster(state_dir=args.state_dir or default_state_dir())
     was_running = local.status().running
@@ -183,27 +257,45 @@ def main(argv: list[str] | None = None) -> int:
     install_crds(kube, timeout_s=60)
     namespace = f"bench-apply-{uuid.uuid4().hex[:6]}"
     kube.create(NAMESPACE, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    log_path = Path(tempfile.mkdtemp(prefix="disagg-bench-")) / "operator.log"
-    port, metrics_port = free_ports(2)  # held together: two distinct ports
-    operator = start_operator(
-        info.kubeconfig, namespace, log_path, settings.operator_start_timeout_s, port, metrics_port
-    )
+    default_runs: list[Run] = []
+    baseline_runs: list[Run] = []
+    logs: list[Path] = []
     try:
-        samples = [measure_one(kube, namespace, f"bench-{i}", settings) for i in range(settings.applies)]
-        total_s, count = reconcile_seconds(metrics_port)
+        for i in range(settings.runs):  # interleaved, so both settings meet the same machine load
+            run, log = one_run(kube, info.kubeconfig, namespace, settings, None, f"d{i}")
+            default_runs.append(run)
+            logs.append(log)
+            if settings.baseline_concurrency > 0:
+                run, log = one_run(
+                    kube, info.kubeconfig, namespace, settings, settings.baseline_concurrency, f"b{i}"
+                )
+                baseline_runs.append(run)
+                logs.append(log)
     finally:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            operator.wait(15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
         kube.delete(NAMESPACE, None, namespace)
         if not was_running and not args.keep_cluster:
             local.down()
-    print_table(samples)
-    if count:
-        print(f"operator: {count} full reconciles, mean {total_s / count * 1000:.0f} ms each")
-    print(f"operator log: {log_path}")
+    print(
+        f"apply -> all children present, {settings.applies} applies a run "
+        "(one vLLM+NIXL deployment, 13 children)"
+    )
+    print_runs("operator defaults", default_runs)
+    if baseline_runs:
+        print_runs(f"baseline: apply concurrency {settings.baseline_concurrency}", baseline_runs)
+        ratio50 = statistics.median(r.q(50) for r in baseline_runs) / statistics.median(
+            r.q(50) for r in default_runs
+        )
+        ratio99 = statistics.median(r.q(99) for r in baseline_runs) / statistics.median(
+            r.q(99) for r in default_runs
+        )
+        print(f"baseline / defaults (median of runs): p50 {ratio50:.2f}x, p99 {ratio99:.2f}x")
+    worst = max(r.q(99) for r in default_runs)
+    verdict = "met" if worst <= P99_TARGET_MS else "missed"
+    print(
+        f"target p99 <= {P99_TARGET_MS:.0f} ms: worst run {worst:.0f} ms "
+        f"({worst / P99_TARGET_MS:.2f}x the target): {verdict}"
+    )
+    print(f"operator logs: {logs[0].parent if logs else '-'}")
     return 0
 
 

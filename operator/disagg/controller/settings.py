@@ -83,8 +83,10 @@ class ControllerSettings(BaseSettings):
     # Threads for the synchronous handlers (they do blocking Kubernetes I/O).
     max_workers: int = Field(default=8, ge=1)
     # kopf keeps a worker (and the last event body it got) per watched object until no event came for this
-    # long; its default is 5 s. Shorter frees a rollout's thousands of child bodies sooner (peak memory).
-    watch_worker_idle_s: float = Field(default=5.0, gt=0)
+    # long; its default is 5 s. Our watch handlers only queue a reconcile, so a worker is cheap to restart;
+    # 1 s frees a rollout's thousands of child bodies sooner. 500-deployment load probe, peak RSS: 187 and
+    # 161 MiB at 1 s, 200 and 168 MiB at 5 s (two runs each; run-to-run spread is larger than the gap).
+    watch_worker_idle_s: float = Field(default=1.0, gt=0)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -166,14 +166,20 @@ def child_label(key: ChildKey) -> str:
 
 
 def list_owned_children(
-    api: KubeApi, owner: Mapping[str, Any], kinds: Sequence[Kind] = CHILD_KINDS
+    api: KubeApi, owner: Mapping[str, Any], kinds: Sequence[Kind] = CHILD_KINDS, pool: Executor | None = None
 ) -> dict[ChildKey, JsonDict]:
-    """Children of the owner, found by the deployment label and confirmed by the controller reference."""
+    """Children of the owner, found by the deployment label and confirmed by the controller reference;
+    with a ``pool``, the kinds are listed concurrently (one request per kind)."""
     metadata = owner["metadata"]
     selector = f"{DEPLOYMENT_LABEL}={metadata['name']}"
+
+    def list_kind(kind: Kind) -> list[JsonDict]:
+        return api.list(kind, metadata["namespace"], label_selector=selector)
+
+    listed = pool.map(list_kind, kinds) if pool is not None else map(list_kind, kinds)
     found: dict[ChildKey, JsonDict] = {}
-    for kind in kinds:
-        for obj in api.list(kind, metadata["namespace"], label_selector=selector):
+    for objs in listed:
+        for obj in objs:
             if is_owned_by(obj, metadata["uid"]):
                 found[child_key(obj)] = obj
     return found
@@ -251,24 +257,24 @@ def apply_children(
     namespace = owner["metadata"]["namespace"]
     for child in children:
         kind_of(child, kinds)  # fail early, naming the kind, before touching anything
-    try:
-        existing = list_owned_children(api, owner, kinds)
-    except ApiException as error:
-        raise ApplyError("children", error.status, _api_message(error)) from error
-
-    result = ApplyResult()
-    pending: list[JsonDict] = []
-    for child in children:
-        manifest = with_owner(child, owner)
-        key = child_key(manifest)
-        before = existing.get(key)
-        if before is not None and (key in keep or matches(manifest, before)):
-            result.live[key] = before
-            result.unchanged.append(child_label(key))
-        else:
-            pending.append(manifest)
-
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        try:
+            existing = list_owned_children(api, owner, kinds, pool)
+        except ApiException as error:
+            raise ApplyError("children", error.status, _api_message(error)) from error
+
+        result = ApplyResult()
+        pending: list[JsonDict] = []
+        for child in children:
+            manifest = with_owner(child, owner)
+            key = child_key(manifest)
+            before = existing.get(key)
+            if before is not None and (key in keep or matches(manifest, before)):
+                result.live[key] = before
+                result.unchanged.append(child_label(key))
+            else:
+                pending.append(manifest)
+
         for wave in apply_waves(pending):
             replies = list(pool.map(lambda m: _apply_one(api, m, field_manager), wave))
             for manifest, (code, live) in zip(wave, replies, strict=True):
