@@ -45,6 +45,7 @@ def test_kopf_keeps_its_state_in_annotations_so_status_stays_ours() -> None:
     assert settings.posting.level == logging.WARNING
     assert settings.peering.lifetime == 30
     assert settings.execution.max_workers == 3
+    assert settings.queueing.idle_timeout == ControllerSettings().watch_worker_idle_s
 
 
 def test_children_are_watched_through_the_deployment_label() -> None:

@@ -51,7 +51,7 @@ def kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
     settings.watching.server_timeout = ours.watch_server_timeout_s
     settings.watching.client_timeout = ours.watch_client_timeout_s
     settings.execution.max_workers = ours.max_workers
-    settings.batching.idle_timeout = ours.watch_worker_idle_s
+    settings.queueing.idle_timeout = ours.watch_worker_idle_s
     # Children are watched only for drift: ask the API server for those carrying the deployment label (every
     # rendered child has it; the pruner finds children by it too), not every Deployment, Service and
     # ConfigMap in the cluster. A child whose label is removed leaves the selection, which the watch
