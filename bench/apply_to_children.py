@@ -180,6 +180,10 @@ class Run:
     def q(self, p: float) -> float:
         return percentile(self.samples_ms, p)
 
+    def q_after_first(self, p: float) -> float:
+        """Without the run's first apply (it meets an operator whose watches may still be starting)."""
+        return percentile(self.samples_ms[1:] or self.samples_ms, p)
+
 
 def one_run(
     kube: KubeApi,
@@ -213,17 +217,23 @@ def one_run(
 
 def print_runs(label: str, runs: list[Run]) -> None:
     print(f"{label}")
-    print(f"{'run':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9} {'mean':>9} {'reconcile':>10}")
+    print(
+        f"{'run':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max (#apply)':>15} {'first':>9} "
+        f"{'p99 rest':>9} {'reconcile':>10}"
+    )
     for i, run in enumerate(runs, 1):
+        slowest = max(range(len(run.samples_ms)), key=run.samples_ms.__getitem__)
         print(
             f"{i:>5} {run.q(50):>7.0f}ms {run.q(90):>7.0f}ms {run.q(99):>7.0f}ms "
-            f"{max(run.samples_ms):>7.0f}ms {statistics.fmean(run.samples_ms):>7.0f}ms "
-            f"{run.reconcile_mean_ms:>8.0f}ms"
+            f"{max(run.samples_ms):>7.0f}ms (#{slowest + 1:>2}) {run.samples_ms[0]:>7.0f}ms "
+            f"{run.q_after_first(99):>7.0f}ms {run.reconcile_mean_ms:>8.0f}ms"
         )
     p50s, p99s = [r.q(50) for r in runs], [r.q(99) for r in runs]
+    rest = [r.q_after_first(99) for r in runs]
     print(
         f"{'spread':>5} p50 {min(p50s):.0f}-{max(p50s):.0f} ms (median {statistics.median(p50s):.0f}), "
-        f"p99 {min(p99s):.0f}-{max(p99s):.0f} ms (median {statistics.median(p99s):.0f})"
+        f"p99 {min(p99s):.0f}-{max(p99s):.0f} ms (median {statistics.median(p99s):.0f}), "
+        f"p99 after the first apply {min(rest):.0f}-{max(rest):.0f} ms (median {statistics.median(rest):.0f})"
     )
 
 
@@ -289,12 +299,15 @@ def main(argv: list[str] | None = None) -> int:
             r.q(99) for r in default_runs
         )
         print(f"baseline / defaults (median of runs): p50 {ratio50:.2f}x, p99 {ratio99:.2f}x")
-    worst = max(r.q(99) for r in default_runs)
-    verdict = "met" if worst <= P99_TARGET_MS else "missed"
-    print(
-        f"target p99 <= {P99_TARGET_MS:.0f} ms: worst run {worst:.0f} ms "
-        f"({worst / P99_TARGET_MS:.2f}x the target): {verdict}"
-    )
+    for what, worst in (
+        ("every apply", max(r.q(99) for r in default_runs)),
+        ("after each operator's first apply", max(r.q_after_first(99) for r in default_runs)),
+    ):
+        verdict = "met" if worst <= P99_TARGET_MS else "missed"
+        print(
+            f"target p99 <= {P99_TARGET_MS:.0f} ms, {what}: worst run {worst:.0f} ms "
+            f"({worst / P99_TARGET_MS:.2f}x the target): {verdict}"
+        )
     print(f"operator logs: {logs[0].parent if logs else '-'}")
     return 0
 

@@ -265,6 +265,11 @@ def test_watch_handlers_return_before_the_reconcile_runs() -> None:
     assert context.triggers.pending() == 1
     submitted[0]()
     assert reconciled == [("team", "llama")] and context.triggers.pending() == 0
+    (resync,) = [h for h in registry._spawning.get_all_handlers() if h.id == "resync"]
+    assert asyncio.run(resync.fn(namespace="team", name="llama")) is None
+    assert len(submitted) == 2 and reconciled == [("team", "llama")]  # queued, not run by the timer
+    submitted[1]()
+    assert reconciled == [("team", "llama")] * 2
 
 
 def test_matches_allows_server_additions_but_not_changes() -> None:

@@ -133,8 +133,10 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
             group, version, plural, registry=registry, id=f"child-{plural}", when=is_controlled_child
         )(on_child_event)
 
-    def resync(namespace: str | None, name: str, **_: Any) -> None:
-        _reconcile_quietly(context, (namespace or "", name), "resync")
+    # A trigger too: kopf cannot cancel a synchronous timer at shutdown (with hundreds of deployments it left
+    # their resync threads orphaned, with a warning each), and a resync due while a run waits folds into it.
+    async def resync(namespace: str | None, name: str, **_: Any) -> None:
+        context.trigger((namespace or "", name), FULL)
 
     kopf.timer(
         GROUP,
