@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -55,7 +56,7 @@ class ReconcileGate:
                 del self._slots[key]
 
 
-class TriggerQueue:
+class TriggerQueue(Generic[K]):
     """Triggers run on a thread pool, at most one pending run per key.
 
     A watch handler that only triggers returns at once, so kopf can drop the event's body instead of
@@ -64,13 +65,13 @@ class TriggerQueue:
     level asked; a trigger that comes once the run has started queues the next one (which reads afresh).
     """
 
-    def __init__(self, submit: Callable[[Callable[[], None]], object], run: Callable[[Hashable, int], None]):
+    def __init__(self, submit: Callable[[Callable[[], None]], object], run: Callable[[K, int], None]):
         self._submit = submit
         self._run = run
         self._guard = threading.Lock()
-        self._pending: dict[Hashable, int] = {}
+        self._pending: dict[K, int] = {}
 
-    def trigger(self, key: Hashable, level: int) -> bool:
+    def trigger(self, key: K, level: int) -> bool:
         """Queue a run of ``key`` at ``level``; False when a pending run took the trigger over."""
         with self._guard:
             if key in self._pending:
@@ -89,7 +90,7 @@ class TriggerQueue:
         with self._guard:
             return len(self._pending)
 
-    def _start(self, key: Hashable) -> None:
+    def _start(self, key: K) -> None:
         with self._guard:
             level = self._pending.pop(key)
         self._run(key, level)

@@ -15,7 +15,7 @@ triggers fold into at most one pending run per object on the handler thread pool
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,7 @@ class ReconcileContext:
     settings: ControllerSettings
     # where watch events' reconciles run (kopf's handler thread pool); None runs them in the caller
     executor: Executor | None = None
-    triggers: TriggerQueue = field(init=False)
+    triggers: TriggerQueue[Key] = field(init=False)
 
     def __post_init__(self) -> None:
         submit = self.executor.submit if self.executor is not None else _call
@@ -53,12 +53,11 @@ class ReconcileContext:
         if level != SKIP:
             self.triggers.trigger(key, level)
 
-    def _run_triggered(self, key: Hashable, level: int) -> None:
-        assert isinstance(key, tuple)
+    def _run_triggered(self, key: Key, level: int) -> None:
         try:
-            _reconcile_quietly(self, key, "a watch event", level)
+            _reconcile_quietly(self, key, "a watch event or resync", level)
         except Exception:  # a thread pool would keep it in a future nobody reads
-            log.exception("reconcile of %s/%s after a watch event failed", *key)
+            log.exception("reconcile of %s/%s after a watch event or resync failed", *key)
 
     def reconcile(self, key: Key, level: int = FULL) -> None:
         """Reconcile (FULL) or refresh the status (REFRESH) under the gate; TransientError propagates."""
