@@ -37,6 +37,7 @@ from disagg.k8s.client import (
     POD,
     RATIO_POLICY,
     SERVICE,
+    SERVICEACCOUNT,
     JsonDict,
     Kind,
     KubeApi,
@@ -345,6 +346,33 @@ def test_quantities_the_api_server_normalises_are_not_reapplied(
     assert not second.created and not second.updated and not second.pruned
     assert sorted(second.unchanged) == sorted(first.created)
     assert all(matches(with_owner(c, owner), second.live[(c["kind"], c["metadata"]["name"])]) for c in wanted)
+
+
+def test_a_fresh_apply_creates_first_and_prunes_leftovers_after(
+    kube: KubeApi, namespace: str, crds: list[str]
+) -> None:
+    """A never-reconciled owner's children are applied without listing first; the listing afterwards
+    still finds an owned leftover (an operator that died before recording its work) and prunes it, and
+    a child that was already there is counted as updated (what it held before is not known)."""
+    from disagg.k8s.apply import apply_children, with_owner
+
+    owner = apply(kube, tiny_deployment("fresh", namespace))
+    wanted = render_children(DisaggregatedDeployment.model_validate(owner))
+    existing = next(c for c in wanted if c["kind"] == "ServiceAccount")
+    kube.apply(with_owner(existing, owner), field_manager="disagg-tests")
+    leftover = copy.deepcopy(existing)
+    leftover["metadata"]["name"] = "fresh-leftover"
+    kube.apply(with_owner(leftover, owner), field_manager="disagg-tests")
+
+    result = apply_children(kube, owner, wanted, field_manager="disagg-tests", fresh=True)
+    labels = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in wanted)
+    existing_label = f"ServiceAccount/{existing['metadata']['name']}"
+    assert sorted(result.created + result.updated) == labels
+    assert result.updated == [existing_label]
+    assert result.pruned == ["ServiceAccount/fresh-leftover"]
+    assert kube.get(SERVICEACCOUNT, namespace, "fresh-leftover") is None
+    again = apply_children(kube, owner, wanted, field_manager="disagg-tests")  # listed first: all match
+    assert sorted(again.unchanged) == labels and not again.created and not again.pruned
 
 
 def test_a_served_name_beyond_the_basic_multilingual_plane_is_applied(

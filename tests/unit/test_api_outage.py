@@ -75,7 +75,9 @@ def test_the_kopf_handler_retries_after_the_configured_delay(unreachable_api: Ku
     register(registry, context)
     handlers = {h.id: h for h in registry._changing.get_all_handlers()}
     with pytest.raises(kopf.TemporaryError) as raised:
-        handlers["reconcile"].fn(namespace="prod", name="llama")
+        handlers["reconcile"].fn(
+            namespace="prod", name="llama", reason=kopf.Reason.CREATE, body={"metadata": {"generation": 1}}
+        )
     assert raised.value.delay == 3.0
     assert "API server unreachable" in str(raised.value)
 

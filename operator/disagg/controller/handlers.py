@@ -1,6 +1,9 @@
 """The kopf handlers of the reconciler: thin triggers around :class:`disagg.controller.reconcile.Reconciler`.
 
 What triggers a reconcile of a DisaggregatedDeployment:
+- its first watch event while it has never been reconciled (no status, nothing applied by this process):
+  a new deployment's children are applied without waiting for kopf's creation path, whose handler then
+  finds that generation applied and does nothing;
 - its creation, a change of its spec/labels/annotations, and the operator's start (create/update/resume);
 - a change of ``status.autoscaling.desiredReplicas`` that asks for replicas other than those applied
   (a watch-event handler: kopf's field handlers ignore status, the autoscaler's channel to the reconciler);
@@ -59,15 +62,21 @@ class ReconcileContext:
         except Exception:  # a thread pool would keep it in a future nobody reads
             log.exception("reconcile of %s/%s after a watch event or resync failed", *key)
 
-    def reconcile(self, key: Key, level: int = FULL) -> None:
-        """Reconcile (FULL) or refresh the status (REFRESH) under the gate; TransientError propagates."""
+    def reconcile(self, key: Key, level: int = FULL, unless_applied: int | None = None) -> None:
+        """Reconcile (FULL) or refresh the status (REFRESH) under the gate; TransientError propagates.
+
+        With ``unless_applied`` (a generation), a full run is skipped when, once its turn comes, that
+        generation has been applied without a problem already (by a run a watch event started).
+        """
         if level == SKIP:
             return
-        self.gate.run(key, level, self._work(key))
+        self.gate.run(key, level, self._work(key, unless_applied))
 
-    def _work(self, key: Key) -> Callable[[int], object]:
+    def _work(self, key: Key, unless_applied: int | None = None) -> Callable[[int], object]:
         def work(level: int) -> object:
             if level >= FULL:
+                if unless_applied is not None and self.reconciler.is_current(key, unless_applied):
+                    return None
                 return self.reconciler.reconcile(*key)
             return self.reconciler.refresh_status(*key)
 
@@ -91,9 +100,13 @@ def is_controlled_child(body: Mapping[str, Any], **_: Any) -> bool:
 def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None:
     """Register the reconciler's handlers on ``registry``."""
 
-    def on_spec(namespace: str | None, name: str, **_: Any) -> None:
+    def on_spec(namespace: str | None, name: str, reason: str, body: Mapping[str, Any], **_: Any) -> None:
+        # A new object's children were usually applied already, from its first watch event (below):
+        # the creation handler then has nothing to add unless that run failed or the spec moved on.
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        unless_applied = generation if reason == kopf.Reason.CREATE else None
         try:
-            context.reconcile((namespace or "", name))
+            context.reconcile((namespace or "", name), unless_applied=unless_applied)
         except TransientError as error:
             raise kopf.TemporaryError(str(error), delay=context.settings.retry_delay_s) from error
 
@@ -107,6 +120,11 @@ def register(registry: kopf.OperatorRegistry, context: ReconcileContext) -> None
         key: Key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
         if event.get("type") == "DELETED":
             context.forget(key)
+            return
+        if context.reconciler.never_reconciled(body):
+            # A new deployment: apply its children now rather than after kopf's creation path (which
+            # first writes its finalizer and waits for that write to come back on the watch).
+            context.trigger(key, FULL)
             return
         if not context.reconciler.needs_reapply(body):
             return

@@ -231,6 +231,19 @@ class Reconciler:
             return FULL
         return REFRESH if child.get("kind") in WORKLOAD_KINDS else SKIP
 
+    def is_current(self, key: Key, generation: int) -> bool:
+        """Whether this process applied the object's spec at ``generation`` without a problem."""
+        applied = self.applied(key)
+        return applied is not None and applied.problem is None and applied.generation == generation
+
+    def never_reconciled(self, obj: Mapping[str, Any]) -> bool:
+        """A new object: nothing applied for it in this process, no status from any run, not going away."""
+        metadata = obj.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            return False
+        key: Key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+        return self.applied(key) is None and not (obj.get("status") or {}).get("observedGeneration")
+
     def needs_reapply(self, obj: Mapping[str, Any]) -> bool:
         """Whether the replicas the object asks for now differ from what was last applied for it."""
         metadata = obj.get("metadata") or {}
@@ -331,6 +344,7 @@ class Reconciler:
                     field_manager=self.settings.field_manager,
                     concurrency=self.settings.apply_concurrency,
                     keep=keep,
+                    fresh=recorded is None and not (obj.get("status") or {}).get("observedGeneration"),
                 )
             except ApplyError as error:
                 problem = Problem("ApplyFailed", str(error), transient=not error.permanent)

@@ -185,6 +185,15 @@ def list_owned_children(
     return found
 
 
+def _list_for_apply(
+    api: KubeApi, owner: Mapping[str, Any], kinds: Sequence[Kind], pool: Executor
+) -> dict[ChildKey, JsonDict]:
+    try:
+        return list_owned_children(api, owner, kinds, pool)
+    except ApiException as error:
+        raise ApplyError("children", error.status, _api_message(error)) from error
+
+
 def _api_message(error: ApiException) -> str:
     try:
         body = json.loads(error.body or "")
@@ -219,12 +228,13 @@ def _apply_one(api: KubeApi, manifest: JsonDict, field_manager: str) -> tuple[in
         raise ApplyError(child_label(child_key(manifest)), error.status, _api_message(error)) from error
 
 
-# Children are applied in waves so that what pods reference (RBAC, ConfigMaps, Services) exists before the
-# Deployments, and PodDisruptionBudgets come last; within a wave the requests go out concurrently.
-# The download Job goes with the Deployments: after the claim it mounts.
+# Children are applied in two waves so that what pods reference (RBAC, ConfigMaps, Services, the model
+# cache's claim) exists before the workloads that create the pods; within a wave the requests go out
+# concurrently. The download Job goes with the Deployments, after the claim it mounts. A
+# PodDisruptionBudget only selects pods, whether they exist yet or not, so it goes with the workloads
+# (a third wave of its own cost every create one more round trip).
 LATER_WAVES: tuple[tuple[str, ...], ...] = (
-    ("Deployment", "StatefulSet", "LeaderWorkerSet", "Job"),
-    ("PodDisruptionBudget",),
+    ("Deployment", "StatefulSet", "LeaderWorkerSet", "Job", "PodDisruptionBudget"),
 )
 
 
@@ -245,6 +255,7 @@ def apply_children(
     kinds: Sequence[Kind] = CHILD_KINDS,
     concurrency: int = 4,
     keep: Collection[ChildKey] = (),
+    fresh: bool = False,
 ) -> ApplyResult:
     """Make the cluster hold exactly ``children`` for ``owner``: apply each, prune owned leftovers.
 
@@ -253,16 +264,19 @@ def apply_children(
     applied nor pruned (a Job, whose pod template is immutable once created). Returns what was created,
     updated, left unchanged and pruned. Raises ApplyError naming a child that failed; the others may
     have been applied.
+
+    ``fresh`` says the owner has never been reconciled, so there is nothing to compare with: every child
+    is applied first and the children are listed afterwards, only to prune leftovers (of an operator
+    that died before recording its work, say). A new deployment's children then exist one listing
+    sooner; a child found to exist already (200, not 201) is counted as updated, since what it held
+    before is not known.
     """
     namespace = owner["metadata"]["namespace"]
     for child in children:
         kind_of(child, kinds)  # fail early, naming the kind, before touching anything
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        try:
-            existing = list_owned_children(api, owner, kinds, pool)
-        except ApiException as error:
-            raise ApplyError("children", error.status, _api_message(error)) from error
-
+        fresh = fresh and not keep  # what to keep must be seen before applying
+        existing = {} if fresh else _list_for_apply(api, owner, kinds, pool)
         result = ApplyResult()
         pending: list[JsonDict] = []
         for child in children:
@@ -288,6 +302,8 @@ def apply_children(
                     result.updated.append(label)
                 else:
                     result.unchanged.append(label)
+        if fresh:
+            existing = _list_for_apply(api, owner, kinds, pool)
 
     for key, obj in existing.items():
         if key in result.live:
