@@ -3,8 +3,11 @@
 Brings up the local control plane (or reuses the one `disagg cluster up` started), installs the CRDs,
 runs the operator as a real process (`disagg run --standalone --namespace NS`), then applies N small
 deployments one after another and, for each, measures the wall time from the apply request to the moment
-every rendered child (Deployments, Services, PDBs, ConfigMaps, RBAC) is listed by the API server. Each
-deployment is deleted after it is measured so every apply meets the same cluster.
+the API server has announced every rendered child (Deployments, Services, PDBs, ConfigMaps, RBAC) on a
+watch the bench holds open (label ``disagg.dev/deployment``, one per child kind). A watch costs the server
+nothing per apply and stamps each child when it is stored; polling with LISTs (``--measure poll``, what
+this bench did first) adds its own 13 sequential LISTs to every sample and loads the server while the
+operator applies. Each deployment is deleted after it is measured so every apply meets the same cluster.
 
 It does this --runs times (a fresh operator each) at the operator's default apply concurrency and, side
 by side, with one request at a time (--baseline-concurrency, DISAGG_APPLY_CONCURRENCY), and prints each
@@ -27,10 +30,20 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from disagg.api.deployment import DisaggregatedDeployment
+from disagg.chaos.latency import (
+    P99_TARGET_MS,
+    ChildName,
+    ChildWatch,
+    LatencyRun,
+    rendered_children,
+    settle,
+    time_apply,
+    wait_deleted,
+)
 from disagg.cluster.local import LocalCluster, default_state_dir, free_ports
 from disagg.demo.scenario import tiny_deployment_manifest
 from disagg.k8s.apply import DEPLOYMENT_LABEL
@@ -49,7 +62,6 @@ from disagg.k8s.client import (
     load_api_client,
 )
 from disagg.k8s.crds import install_crds
-from disagg.render import render_children
 
 NAMESPACE = Kind("v1", "Namespace", "namespaces", namespaced=False)
 # The renderer emits RBAC, ConfigMaps, Services, Deployments, then PDBs: check in reverse.
@@ -57,14 +69,13 @@ _LAST_FIRST = (PDB, DEPLOYMENT, SERVICE, CONFIGMAP, ROLEBINDING, ROLE, SERVICEAC
 CHECK_ORDER = (*_LAST_FIRST, *(k for k in CHILD_KINDS if k not in _LAST_FIRST))
 
 
-P99_TARGET_MS = 300.0  # issue 13: one deployment's children applied within 300 ms at p99
-
-
 @dataclass(frozen=True)
 class BenchSettings:
     applies: int = 50
     runs: int = 5
     baseline_concurrency: int = 1
+    measure: str = "watch"  # or "poll"
+    settle: bool = True  # wait for each deleted deployment's children and pods to go before the next apply
     poll_interval_s: float = 0.02
     timeout_s: float = 60.0
     operator_start_timeout_s: float = 90.0
@@ -116,7 +127,7 @@ def start_operator(
     raise SystemExit(f"the operator did not become live within {timeout_s} s; see {log_path}")
 
 
-def all_present(kube: KubeApi, namespace: str, name: str, want: set[tuple[str, str]]) -> bool:
+def all_present(kube: KubeApi, namespace: str, name: str, want: set[ChildName]) -> bool:
     """Whether every wanted child is listed; kinds the renderer emits last are checked first, so a
     poll while the operator is still applying costs one request (the poll must not load the server)."""
     selector = f"{DEPLOYMENT_LABEL}={name}"
@@ -130,22 +141,26 @@ def all_present(kube: KubeApi, namespace: str, name: str, want: set[tuple[str, s
     return True
 
 
-def measure_one(kube: KubeApi, namespace: str, name: str, settings: BenchSettings) -> float:
+def measure_one(
+    kube: KubeApi, namespace: str, name: str, settings: BenchSettings, watch: ChildWatch | None
+) -> float:
     manifest = tiny_deployment_manifest(name, namespace)
-    want = {
-        (c["kind"], c["metadata"]["name"])
-        for c in render_children(DisaggregatedDeployment.model_validate(manifest))
-    }
-    started = time.perf_counter()
-    kube.apply(manifest, field_manager="disagg-bench")
-    while True:
-        if all_present(kube, namespace, name, want):
-            elapsed = time.perf_counter() - started
-            break
-        if time.perf_counter() - started > settings.timeout_s:
-            raise SystemExit(f"{name}: children not all present after {settings.timeout_s} s")
-        time.sleep(settings.poll_interval_s)
+    if watch is not None:
+        elapsed = time_apply(kube, manifest, watch, settings.timeout_s, "disagg-bench")
+        if elapsed is None:
+            raise SystemExit(f"{name}: children not all announced after {settings.timeout_s} s")
+    else:
+        want = rendered_children(manifest)
+        started = time.perf_counter()
+        kube.apply(manifest, field_manager="disagg-bench")
+        while not all_present(kube, namespace, name, want):
+            if time.perf_counter() - started > settings.timeout_s:
+                raise SystemExit(f"{name}: children not all present after {settings.timeout_s} s")
+            time.sleep(settings.poll_interval_s)
+        elapsed = time.perf_counter() - started
     kube.delete(DISAGG_DEPLOYMENT, namespace, name)
+    if settings.settle:
+        settle(kube, namespace, settings.timeout_s)
     return elapsed
 
 
@@ -165,24 +180,10 @@ def reconcile_seconds(metrics_port: int) -> tuple[float, int]:
     )
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 @dataclass(frozen=True)
-class Run:
-    samples_ms: list[float]
-    reconciles: int
-    reconcile_mean_ms: float
-
-    def q(self, p: float) -> float:
-        return percentile(self.samples_ms, p)
-
-    def q_after_first(self, p: float) -> float:
-        """Without the run's first apply (it meets an operator whose watches may still be starting)."""
-        return percentile(self.samples_ms[1:] or self.samples_ms, p)
+class Run(LatencyRun):
+    reconciles: int = 0
+    reconcile_mean_ms: float = float("nan")
 
 
 def one_run(
@@ -201,10 +202,13 @@ def one_run(
         kubeconfig, namespace, log_path, settings.operator_start_timeout_s, port, metrics_port, env
     )
     try:
-        samples = [
-            measure_one(kube, namespace, f"bench-{tag}-{i}", settings) for i in range(settings.applies)
-        ]
+        with ChildWatch(kube, namespace) if settings.measure == "watch" else nullcontext() as watch:
+            samples = [
+                measure_one(kube, namespace, f"bench-{tag}-{i}", settings, watch)
+                for i in range(settings.applies)
+            ]
         total_s, count = reconcile_seconds(metrics_port)
+        wait_deleted(kube, namespace, settings.timeout_s)
     finally:
         operator.send_signal(signal.SIGTERM)
         try:
@@ -250,6 +254,17 @@ def main(argv: list[str] | None = None) -> int:
         help="apply concurrency of the side-by-side baseline (0: no baseline)",
     )
     parser.add_argument(
+        "--measure",
+        choices=("watch", "poll"),
+        default=BenchSettings.measure,
+        help="how the bench sees the children: a watch per kind (default) or LIST polling",
+    )
+    parser.add_argument(
+        "--no-settle",
+        action="store_true",
+        help="apply the next deployment while the last one's children and pods are still being deleted",
+    )
+    parser.add_argument(
         "--state-dir", type=Path, default=None, help="cluster state (default: disagg cluster's)"
     )
     parser.add_argument(
@@ -257,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     settings = BenchSettings(
-        applies=args.applies, runs=args.runs, baseline_concurrency=args.baseline_concurrency
+        applies=args.applies,
+        runs=args.runs,
+        baseline_concurrency=args.baseline_concurrency,
+        measure=args.measure,
+        settle=not args.no_settle,
     )
 
     local = LocalCluster(state_dir=args.state_dir or default_state_dir())
@@ -285,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         kube.delete(NAMESPACE, None, namespace)
         if not was_running and not args.keep_cluster:
             local.down()
+    seen = "announced on a watch" if settings.measure == "watch" else "listed (LIST polling)"
     print(
-        f"apply -> all children present, {settings.applies} applies a run "
+        f"apply -> all children {seen}, {settings.applies} applies a run "
         "(one vLLM+NIXL deployment, 13 children)"
     )
     print_runs("operator defaults", default_runs)

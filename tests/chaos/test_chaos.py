@@ -15,11 +15,15 @@ import pytest
 
 from disagg.chaos import CaseResult, ChaosCluster
 from disagg.chaos.cases import (
+    ApplyLatencySettings,
+    HostileSettings,
     IdleWritesSettings,
     LoadSettings,
     apiserver_outage,
+    apply_latency,
     etcd_outage,
     ha_failover,
+    hostile_input,
     idle_writes,
     load,
     operator_killed,
@@ -123,6 +127,31 @@ def test_many_deployments_in_many_namespaces_converge_and_idle_quietly(
     assert result.figures["converged"] == 40, result.line()
     assert result.figures["idle_writes_per_min"] == 0, result.line()
     assert result.passed, result.line()
+
+
+def test_each_apply_is_timed_until_all_children_are_announced(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    # the bench (bench/chaos_report.py --case apply-latency): 5 operators x 30 applies, judged on p99;
+    # the p99 is a printed figure here, never asserted (speed is the bench's business)
+    result = apply_latency(chaos_cluster, ApplyLatencySettings(runs=2, applies=10))
+    report(result, record_property)
+    assert result.passed, result.line()
+    low, high = (float(v) for v in str(result.figures["p50_ms"]).split("-"))
+    assert 0 < low <= high <= float(result.figures["max_ms"]), result.line()
+
+
+def test_hostile_deployments_are_refused_degraded_or_applied_and_all_deleted(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    # the bench (bench/chaos_report.py --case hostile-input): 60 objects, 30 s quiet window
+    settings = HostileSettings(deployments=24, quiet_window_s=15.0)
+    result = hostile_input(chaos_cluster, settings)
+    report(result, record_property)
+    assert result.passed, result.line()
+    figures = result.figures
+    assert figures["refused"] + figures["accepted"] == settings.deployments, result.line()
+    assert figures["unreported"] == 0 and figures["undeletable"] == 0, result.line()
 
 
 def test_scale_downs_under_streaming_traffic_lose_no_request(

@@ -191,10 +191,10 @@ def _list_for_apply(
     try:
         return list_owned_children(api, owner, kinds, pool)
     except ApiException as error:
-        raise ApplyError("children", error.status, _api_message(error)) from error
+        raise ApplyError("children", error.status, api_message(error)) from error
 
 
-def _api_message(error: ApiException) -> str:
+def api_message(error: ApiException) -> str:
     try:
         body = json.loads(error.body or "")
     except ValueError:
@@ -225,7 +225,7 @@ def _apply_one(api: KubeApi, manifest: JsonDict, field_manager: str) -> tuple[in
     try:
         return api.apply_with_status(manifest, field_manager=field_manager, force=True)
     except ApiException as error:
-        raise ApplyError(child_label(child_key(manifest)), error.status, _api_message(error)) from error
+        raise ApplyError(child_label(child_key(manifest)), error.status, api_message(error)) from error
 
 
 # Children are applied in two waves so that what pods reference (RBAC, ConfigMaps, Services, the model
@@ -313,5 +313,5 @@ def apply_children(
             if api.delete(kind, namespace, key[1], uid=obj["metadata"].get("uid")):
                 result.pruned.append(child_label(key))
         except ApiException as error:
-            raise ApplyError(child_label(key), error.status, _api_message(error)) from error
+            raise ApplyError(child_label(key), error.status, api_message(error)) from error
     return result
