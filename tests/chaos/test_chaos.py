@@ -19,6 +19,7 @@ from disagg.chaos.cases import (
     HostileSettings,
     IdleWritesSettings,
     LoadSettings,
+    OperatorKillSettings,
     apiserver_outage,
     apply_latency,
     etcd_outage,
@@ -45,7 +46,8 @@ def report(result: CaseResult, record_property: pytest.RecordProperty) -> None:
 def test_a_killed_operator_converges_every_deployment_without_duplicates_or_orphans(
     chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
 ) -> None:
-    result = operator_killed(chaos_cluster)
+    # the bench (bench/chaos_report.py --case operator-killed): 100 deployments
+    result = operator_killed(chaos_cluster, OperatorKillSettings(deployments=30))
     report(result, record_property)
     assert result.figures["kills"] == 3
     assert result.figures["converged"] == result.figures["dds"] - result.figures["deleted"]
@@ -115,20 +117,6 @@ def test_an_idle_operator_writes_are_counted(
     assert result.passed, result.line()
 
 
-def test_many_deployments_in_many_namespaces_converge_and_idle_quietly(
-    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
-) -> None:
-    # the bench (bench/chaos_report.py --case load): 500 deployments in 20 namespaces, 60 s idle
-    settings = LoadSettings(
-        deployments=40, namespaces=4, idle_window_s=20.0, resync_s=10.0, settle_timeout_s=60.0
-    )
-    result = load(chaos_cluster, settings)
-    report(result, record_property)
-    assert result.figures["converged"] == 40, result.line()
-    assert result.figures["idle_writes_per_min"] == 0, result.line()
-    assert result.passed, result.line()
-
-
 def test_each_apply_is_timed_until_all_children_are_announced(
     chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
 ) -> None:
@@ -152,6 +140,20 @@ def test_hostile_deployments_are_refused_degraded_or_applied_and_all_deleted(
     figures = result.figures
     assert figures["refused"] + figures["accepted"] == settings.deployments, result.line()
     assert figures["unreported"] == 0 and figures["undeletable"] == 0, result.line()
+
+
+def test_many_deployments_in_many_namespaces_converge_and_idle_quietly(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    # the bench (bench/chaos_report.py --case load): 500 deployments in 20 namespaces, 60 s idle
+    settings = LoadSettings(
+        deployments=40, namespaces=4, idle_window_s=20.0, resync_s=10.0, settle_timeout_s=60.0
+    )
+    result = load(chaos_cluster, settings)
+    report(result, record_property)
+    assert result.figures["converged"] == 40, result.line()
+    assert result.figures["idle_writes_per_min"] == 0, result.line()
+    assert result.passed, result.line()
 
 
 def test_scale_downs_under_streaming_traffic_lose_no_request(
