@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from disagg.k8s.client import DISAGG_DEPLOYMENT
+from disagg.api.k8sschema import AFFINITY, affinity_schema, structural_schema
+from disagg.k8s.client import DISAGG_DEPLOYMENT, KubeApi
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = yaml.safe_load((ROOT / "tests" / "golden" / "invalid_specs.yaml").read_text())
@@ -88,6 +89,67 @@ def test_invalid_spec_is_rejected_naming_the_field(
         assert expected in message, (
             f"{case['name']}: {expected!r} not in the API server's message {message!r}"
         )
+
+
+def test_the_vendored_affinity_schema_is_the_api_servers_own(crds: list[str], kube: KubeApi) -> None:
+    """The CRD's affinity schema (disagg/api/schemas/affinity.json) is what the pinned kube-apiserver
+    publishes for core/v1 Affinity, references inlined: a Kubernetes upgrade that changes it fails here."""
+    openapi = kube.request("GET", "/openapi/v3/api/v1")
+    assert structural_schema(openapi, AFFINITY) == affinity_schema()
+
+
+@pytest.mark.parametrize(
+    ("affinity", "field"),
+    [
+        (  # operator "Exist" (not Exists): an enum of Kubernetes' schema
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Exist"}]}]
+                    }
+                }
+            },
+            "spec.prefill.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+            "nodeSelectorTerms[0].matchExpressions[0].operator",
+        ),
+        (  # a weight that is not an integer, and a term without its required topologyKey
+            {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": "high", "podAffinityTerm": {"labelSelector": {"matchLabels": {"a": "b"}}}}
+                    ]
+                }
+            },
+            "spec.prefill.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]",
+        ),
+    ],
+    ids=["operator-exist", "weight-and-topology-key"],
+)
+def test_a_malformed_affinity_is_refused_naming_the_field(
+    crds: list[str], k8s_api: Any, namespace: str, affinity: dict[str, Any], field: str
+) -> None:
+    message = rejection(
+        k8s_api, namespace, merge_patch(TABLE["base"], {"spec": {"prefill": {"affinity": affinity}}})
+    )
+    assert field in message, message
+
+
+def test_a_well_formed_affinity_is_stored_as_given(crds: list[str], k8s_api: Any, namespace: str) -> None:
+    affinity = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": {"disagg.dev/role": "decode"}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+    body = merge_patch(TABLE["base"], {"spec": {"common": {"affinity": affinity}}})
+    assert create(k8s_api, namespace, body)["spec"]["common"]["affinity"] == affinity
 
 
 def test_api_server_applies_the_defaults(crds: list[str], k8s_api: Any, namespace: str) -> None:

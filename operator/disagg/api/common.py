@@ -1,9 +1,10 @@
 """Pieces shared by the disagg.dev models: the camelCase base model, conditions, resources, free-form objects.
 
-Pure: pydantic only. Free-form Kubernetes objects (tolerations, affinity, a pod-template override, env
-``valueFrom``) are plain dicts whose CRD schema carries ``x-kubernetes-preserve-unknown-fields`` so the
-API server keeps them as given; the kubelet and the apiserver validate them where they land (in the
-rendered children).
+Pure: pydantic only. Kubernetes objects are plain dicts: ``affinity`` with Kubernetes' own schema in the
+CRD (the API server validates it at admission), tolerations with a schema of their own, and a
+pod-template override and env ``valueFrom`` free-form (``x-kubernetes-preserve-unknown-fields``;
+Kubernetes' PodTemplateSpec schema requires ``spec.containers``, which a partial override leaves out),
+checked where they land: the operator's own validation, and the API server on the rendered children.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from disagg.api.k8sschema import affinity_schema
 from disagg.api.quantity import QUANTITY_HELP, QUANTITY_PATTERN, is_quantity, quantity_value
 
 API_GROUP = "disagg.dev"
@@ -44,6 +46,10 @@ FREE_FORM_OBJECT: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unk
 
 FreeFormObject = Annotated[dict[str, Any], WithJsonSchema(FREE_FORM_OBJECT)]
 """Any JSON object, kept as given (CRD: ``x-kubernetes-preserve-unknown-fields``)."""
+
+Affinity = Annotated[dict[str, Any], WithJsonSchema(affinity_schema())]
+"""A pod's affinity in Kubernetes' form, which the API server validates with Kubernetes' own schema
+(:mod:`disagg.api.k8sschema`); the operator passes it through as given."""
 
 FreeFormList = Annotated[
     list[dict[str, Any]],

@@ -32,6 +32,7 @@ from pydantic import ConfigDict, Field, model_validator
 from disagg.api.common import (
     FREE_FORM_OBJECT,
     MAX_NAME_LENGTH,
+    Affinity,
     ApiModel,
     ArgList,
     EnvList,
@@ -637,7 +638,7 @@ class RoleSpec(ApiModel):
         description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.",
     )
     tolerations: TolerationList | None = Field(default=None, description="Pod tolerations (Kubernetes form).")
-    affinity: FreeFormObject | None = Field(default=None, description="Pod affinity (Kubernetes form).")
+    affinity: Affinity | None = Field(default=None, description="Pod affinity (Kubernetes form).")
     args: EngineArgList = Field(
         default_factory=list, description="Extra engine arguments for this pool only."
     )
@@ -787,7 +788,7 @@ class CommonSpec(ApiModel):
         description="Pod tolerations (Kubernetes form) of both pools, followed by a pool's own "
         "(concatenated, common's first).",
     )
-    affinity: FreeFormObject | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
         description="Pod affinity (Kubernetes form) of both pools; a pool's affinity, when set, replaces "
         "it whole (set {} on a pool to drop it there).",
