@@ -28,6 +28,7 @@ from disagg.chaos.cases import (
     idle_writes,
     load,
     operator_killed,
+    operator_killed_autoscaling,
     prometheus_garbage,
     prometheus_outage,
     scale_down_drain,
@@ -51,6 +52,19 @@ def test_a_killed_operator_converges_every_deployment_without_duplicates_or_orph
     report(result, record_property)
     assert result.figures["kills"] == 3
     assert result.figures["converged"] == result.figures["dds"] - result.figures["deleted"]
+    assert result.passed, result.line()
+
+
+def test_a_killed_operator_resumes_autoscaling_without_losing_or_repeating_decisions(
+    chaos_cluster: ChaosCluster, record_property: pytest.RecordProperty
+) -> None:
+    result = operator_killed_autoscaling(chaos_cluster)
+    report(result, record_property)
+    assert result.figures["kills"] == 5, result.line()
+    moves, after_restart = result.figures["moves"], result.figures["moves_after_restart"]
+    # the policy must have acted, and acted again after a restart, or the case proves nothing
+    assert isinstance(moves, int) and moves >= 3, result.line()
+    assert isinstance(after_restart, int) and after_restart >= 1, result.line()
     assert result.passed, result.line()
 
 

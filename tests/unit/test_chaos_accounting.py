@@ -5,11 +5,25 @@ the table bench/chaos_report.py prints."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
+import random
 from pathlib import Path
 
+import pytest
+
 from disagg.chaos import CaseResult
-from disagg.chaos.cases import Moment, operator_writes, streams_across
+from disagg.chaos.cases import (
+    AutoscalingKillSettings,
+    AutoscalingSnapshot,
+    Decision,
+    Moment,
+    autoscaling_problems,
+    history_problems,
+    kill_moments,
+    operator_writes,
+    streams_across,
+)
 from disagg.chaos.harness import tracebacks
 from disagg.demo.traffic import PhaseReport
 from disagg.twin.live.load import ClientResult, LoadReport
@@ -96,4 +110,86 @@ def test_a_stream_counts_across_the_first_scale_down_it_was_in_flight_at() -> No
     assert [(m.what, duration, after) for m, duration, after in found] == [
         ("decode", 28.0, 25.0),
         ("prefill", 4.0, 3.0),
+    ]
+
+
+def _decision(second: int, prefill: int, decode: int, cause: str = "TTFTBreachPrefillQueue") -> Decision:
+    return (f"2026-12-06T01:00:{second:02d}Z", prefill, decode, cause)
+
+
+HISTORY = (_decision(20, 3, 1), _decision(10, 2, 1))
+
+
+def test_a_history_that_grows_at_its_head_and_drops_its_oldest_is_kept() -> None:
+    assert history_problems(HISTORY, HISTORY) == []
+    assert history_problems(HISTORY, (_decision(30, 4, 1), *HISTORY)) == []
+    # bounded: the oldest entry falls off as a new one comes in
+    assert history_problems(HISTORY, (_decision(30, 4, 1), HISTORY[0])) == []
+    assert history_problems((), (_decision(30, 4, 1),)) == []
+
+
+def test_a_rewritten_lost_or_repeated_decision_is_a_problem() -> None:
+    rewritten = history_problems(HISTORY, (_decision(20, 3, 2), HISTORY[1]))
+    assert len(rewritten) == 1 and rewritten[0].startswith("history rewritten")
+    lost = history_problems(HISTORY, (HISTORY[1],))
+    assert len(lost) == 1 and lost[0].startswith("history rewritten")
+    twice = history_problems(HISTORY, (_decision(30, 3, 1), *HISTORY))
+    assert twice == ["the move to 3:1 recorded twice (2026-12-06T01:00:20Z, 2026-12-06T01:00:30Z)"]
+    same_time = history_problems((), (_decision(30, 4, 1), _decision(30, 3, 1)))
+    assert len(same_time) == 1 and same_time[0].startswith("two decisions at one time")
+
+
+def test_kills_fall_inside_the_run_at_least_the_gap_apart() -> None:
+    settings = AutoscalingKillSettings()
+    for seed in range(50):
+        moments = kill_moments(random.Random(seed), settings)
+        assert len(moments) == settings.kills
+        assert moments[0] >= settings.min_gap_s
+        assert moments[-1] <= settings.run_s - settings.min_gap_s
+        assert all(b - a >= settings.min_gap_s - 1e-9 for a, b in itertools.pairwise(moments))
+    crowded = AutoscalingKillSettings(kills=30, run_s=60.0, min_gap_s=6.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        kill_moments(random.Random(0), crowded)
+
+
+def _snapshot(
+    operator: int,
+    history: tuple[Decision, ...],
+    children: tuple[int | None, int | None],
+    evaluation: str | None,
+    memory: bool = True,
+) -> AutoscalingSnapshot:
+    desired = history[0][1:3] if history else None
+    return AutoscalingSnapshot(
+        at=0.0,
+        operator=operator,
+        history=history,
+        desired=desired,
+        last_evaluation=evaluation,
+        memory=memory,
+        cause=history[0][3] if history else None,
+        children=children,
+    )
+
+
+def test_autoscaling_across_restarts_that_keeps_its_record_has_no_problem() -> None:
+    snapshots = [
+        _snapshot(0, (), (1, 1), "2026-12-06T01:00:00Z"),
+        _snapshot(0, HISTORY[1:], (2, 1), "2026-12-06T01:00:10Z"),
+        _snapshot(1, HISTORY[1:], (2, 1), "2026-12-06T01:00:10Z"),
+        _snapshot(1, HISTORY, (3, 1), "2026-12-06T01:00:20Z"),
+    ]
+    assert autoscaling_problems(snapshots, interval_s=10.0, initial=(1, 1)) == []
+
+
+def test_an_unrecorded_pool_size_an_early_evaluation_and_lost_memory_are_problems() -> None:
+    snapshots = [
+        _snapshot(0, HISTORY[1:], (2, 1), "2026-12-06T01:00:10Z"),
+        _snapshot(1, HISTORY[1:], (2, 5), "2026-12-06T01:00:12Z", memory=False),
+    ]
+    problems = autoscaling_problems(snapshots, interval_s=10.0, initial=(1, 1))
+    assert problems == [
+        "operator run 1: policyMemory lost",
+        "evaluated 2 s after the one before (2026-12-06T01:00:12Z): decided twice",
+        "decode pool at 5, which no recorded decision asked for",
     ]

@@ -12,6 +12,7 @@ import base64
 import collections
 import contextlib
 import copy
+import itertools
 import json
 import math
 import os
@@ -28,10 +29,10 @@ from typing import Any
 
 import yaml
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from disagg.api.common import shorten
+from disagg.api.common import parse_rfc3339, shorten
 from disagg.chaos import hostile
 from disagg.chaos.harness import (
     FIELD_MANAGER,
@@ -232,6 +233,266 @@ def operator_killed(cc: ChaosCluster, settings: OperatorKillSettings = OperatorK
     finally:
         operator.stop()
         cc.drop_namespace(ns)
+
+
+# -- 1b. the operator SIGKILLed while it autoscales ------------------------------------------------------
+@dataclass(frozen=True)
+class AutoscalingKillSettings:
+    kills: int = 5
+    seed: int = 29
+    # the fake engines alternate: TTFT 3 s with 1 s queued (the policy grows the pools), then no requests
+    # at all (it shrinks them once the metric window has no arrivals), for run_s; the kills fall at seeded
+    # random moments of it (at least min_gap_s apart, so each restarted operator is live and evaluating):
+    # anywhere in an evaluation's cycle (observe, decide, status write, the reconciler applying it)
+    phase_s: float = 30.0
+    run_s: float = 120.0
+    min_gap_s: float = 6.0
+    available_timeout_s: float = 120.0
+    converge_timeout_s: float = 60.0
+    poll_s: float = 0.2
+    min_moves: int = 3  # fewer recorded moves: the policy did not act, and the case proves nothing
+
+
+Decision = tuple[
+    str, int, int, str
+]  # (time, prefill, decode, cause): one entry of status.autoscaling.decisions
+
+
+@dataclass(frozen=True)
+class AutoscalingSnapshot:
+    """What a poll of the deployment and its two pools saw."""
+
+    at: float
+    operator: int  # which operator run (0: the first; each restart adds one)
+    history: tuple[Decision, ...]  # newest first, as status keeps it
+    desired: tuple[int, int] | None
+    last_evaluation: str | None
+    memory: bool  # status.autoscaling.policyMemory present
+    cause: str | None  # status.autoscaling.lastEvaluation.cause
+    children: tuple[int | None, int | None]
+
+
+def _decisions(auto: Mapping[str, Any]) -> tuple[Decision, ...]:
+    return tuple(
+        (str(d.get("time")), int(d.get("prefill", -1)), int(d.get("decode", -1)), str(d.get("cause")))
+        for d in auto.get("decisions") or []
+    )
+
+
+def history_problems(before: tuple[Decision, ...], after: tuple[Decision, ...]) -> list[str]:
+    """What went wrong between two readings of the bounded, newest-first decision history: ``after`` must
+    be ``before`` with k new entries, each later than its newest, put in front and its oldest dropped to the
+    bound (an entry lost, rewritten or reordered is status history lost), and no entry may be there twice."""
+    problems: list[str] = []
+    if len({d[0] for d in after}) != len(after):
+        problems.append(f"two decisions at one time: {[d[0] for d in after]}")
+    for newer, older in itertools.pairwise(after):
+        if newer[1:3] == older[1:3]:
+            problems.append(f"the move to {newer[1]}:{newer[2]} recorded twice ({older[0]}, {newer[0]})")
+    head = parse_rfc3339(before[0][0]) if before else None
+
+    def all_later(entries: tuple[Decision, ...]) -> bool:
+        if head is None:
+            return True
+        times = [parse_rfc3339(d[0]) for d in entries]
+        return all(t is not None and t > head for t in times)
+
+    # k entries new at the head (each later than the head before), the rest a prefix of before
+    kept = any(
+        after[k:] == before[: len(after) - k] and all_later(after[:k])
+        for k in range(len(after) + 1)
+        if len(after) - k <= len(before)
+    )
+    if not kept:
+        problems.append(f"history rewritten: {[d[0] for d in before]} -> {[d[0] for d in after]}")
+    return problems
+
+
+def kill_moments(rng: random.Random, settings: AutoscalingKillSettings) -> list[float]:
+    """``kills`` seeded moments in (min_gap_s, run_s - min_gap_s), each at least min_gap_s after the last."""
+    span = settings.run_s - (settings.kills + 1) * settings.min_gap_s
+    if span < 0:
+        raise ValueError(
+            f"{settings.kills} kills {settings.min_gap_s} s apart do not fit in {settings.run_s} s"
+        )
+    slack = sorted(rng.uniform(0.0, span) for _ in range(settings.kills))
+    return [gap + (i + 1) * settings.min_gap_s for i, gap in enumerate(slack)]
+
+
+def autoscaling_problems(
+    snapshots: list[AutoscalingSnapshot], interval_s: float, initial: tuple[int, int]
+) -> list[str]:
+    """The checks of :func:`operator_killed_autoscaling` over its polls (pure: kept apart to be tested)."""
+    problems: list[str] = []
+    for before, after in itertools.pairwise(snapshots):
+        for problem in history_problems(before.history, after.history):
+            problems.append(f"operator run {after.operator}: {problem}")
+        if before.memory and not after.memory:
+            problems.append(f"operator run {after.operator}: policyMemory lost")
+    evaluations = sorted({s.last_evaluation for s in snapshots if s.last_evaluation})
+    moments = [parse_rfc3339(e) for e in evaluations]
+    # lastEvaluationTime has seconds precision: two evaluations one interval apart may read 1 s closer
+    for earlier, later, text in zip(moments, moments[1:], evaluations[1:], strict=False):
+        if earlier is not None and later is not None and later - earlier < interval_s - 1.0:
+            problems.append(f"evaluated {later - earlier:.0f} s after the one before ({text}): decided twice")
+    allowed: list[set[int]] = [{initial[i]} for i in (0, 1)]
+    for snap in snapshots:
+        for decision in snap.history:
+            allowed[0].add(decision[1])
+            allowed[1].add(decision[2])
+    for i in (0, 1):
+        allowed[i] |= {s.desired[i] for s in snapshots if s.desired is not None}
+    for snap in snapshots:
+        for i, role in enumerate(("prefill", "decode")):
+            count = snap.children[i]
+            if count is not None and count not in allowed[i]:
+                problems.append(f"{role} pool at {count}, which no recorded decision asked for")
+    return sorted(set(problems), key=problems.index)
+
+
+def operator_killed_autoscaling(
+    cc: ChaosCluster, settings: AutoscalingKillSettings = AutoscalingKillSettings()
+) -> CaseResult:
+    """An autoscaled deployment whose RatioPolicy (slo-feedback, 5 s evaluations) reads fake engines that
+    alternate between a TTFT breach and no traffic, so the policy moves the pools up and down; the operator is
+    SIGKILLed at seeded random moments of its evaluation cycle and restarted. Polled every
+    ``poll_s``: the decision history in status may only grow at its head (none lost, rewritten or recorded
+    twice), policyMemory survives, no evaluation comes sooner than the policy's interval after the last
+    (a restart re-deciding what was just decided), the pools only ever take replica counts a recorded
+    decision asked for, and after the last restart they converge on the last one."""
+    kube, rng = cc.kube, random.Random(settings.seed)
+    ns = cc.namespace("chaos-autoscaling-killed")
+    demo = DemoSettings(
+        namespace=ns,
+        deployment="chat",
+        policy="chat-slo",
+        gpu_type="h200",
+        model_cache_claim=None,
+        ready_when_served=False,
+        prefill_replicas=1,
+        decode_replicas=1,
+        max_replicas=4,
+        max_gpus=8,
+        scale_down_window_s=5,
+    )
+    initial = (demo.prefill_replicas, demo.decode_replicas)
+    workdir = cc.workdir / "operator-killed-autoscaling"
+    snapshots: list[AutoscalingSnapshot] = []
+    run_index = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(settings.poll_s):
+            try:
+                obj = kube.get(DISAGG_DEPLOYMENT, ns, demo.deployment) or {}
+                children = tuple(
+                    child_replicas(kube, ns, f"{demo.deployment}-{r}") for r in ("prefill", "decode")
+                )
+            except (ApiException, OSError):
+                continue
+            auto = (obj.get("status") or {}).get("autoscaling") or {}
+            desired = auto.get("desiredReplicas")
+            snapshots.append(
+                AutoscalingSnapshot(
+                    at=time.monotonic(),
+                    operator=run_index[0],
+                    history=_decisions(auto),
+                    desired=(int(desired["prefill"]), int(desired["decode"])) if desired else None,
+                    last_evaluation=auto.get("lastEvaluationTime"),
+                    memory=auto.get("policyMemory") is not None,
+                    cause=(auto.get("lastEvaluation") or {}).get("cause"),
+                    children=(children[0], children[1]),
+                )
+            )
+
+    def breach(engines: Mapping[str, FakeEngine], on: bool) -> None:
+        for engine in engines.values():
+            engine.ttft_s, engine.queue_s, engine.idle = (3.0, 1.0, False) if on else (0.1, 0.004, True)
+
+    env = {"DISAGG_AUTOSCALING_TICK_S": "1"}
+    poller = threading.Thread(target=poll, name="autoscaling-poll", daemon=True)
+    with fake_engines(count_requests=True) as engines:
+        prom = start_prometheus(
+            engines_scrape_config(engines, ns, demo.deployment),
+            workdir,
+            PrometheusSettings(tie_to_parent=True),
+        )
+        args = ["--prometheus-url", prom.url]
+        operator = cc.operator(ns, "operator-autoscaling-0.log", args, env=env)
+        problems: list[str] = []
+        kills_at: list[str] = []
+        converge_s = float("nan")
+        try:
+            kube.apply(ratio_policy_manifest(demo), FIELD_MANAGER, kind=RATIO_POLICY)
+            apply_deployment(kube, deployment_manifest(demo))
+            wait_for(
+                lambda: _condition(_object(kube, ns, demo.deployment), "MetricsAvailable") == "True",
+                settings.available_timeout_s,
+                0.5,
+                "MetricsAvailable True at first",
+            )
+            poller.start()
+            started = time.monotonic()
+            kill_at = kill_moments(rng, settings)
+            while (elapsed := time.monotonic() - started) < settings.run_s:
+                breach(engines, int(elapsed // settings.phase_s) % 2 == 0)
+                if kill_at and elapsed >= kill_at[0]:
+                    kill_at.pop(0)
+                    operator.kill()
+                    kills_at.append(f"{elapsed:.1f}")
+                    run_index[0] += 1
+                    operator = cc.operator(ns, f"operator-autoscaling-{run_index[0]}.log", args, env=env)
+                time.sleep(0.2)
+            breach(engines, False)
+            restarted = time.monotonic()
+
+            def converged() -> bool:
+                if not snapshots or time.monotonic() - snapshots[-1].at > 5 * settings.poll_s:
+                    return False
+                last = snapshots[-1]
+                return last.desired is not None and last.children == last.desired
+
+            try:
+                wait_for(converged, settings.converge_timeout_s, 0.5, "the pools at the last decision")
+            except WaitTimeout as timeout:
+                problems.append(str(timeout))
+            converge_s = time.monotonic() - restarted
+        finally:
+            stop.set()
+            if poller.is_alive():
+                poller.join(timeout=5)
+            operator.stop()
+            prom.stop()
+            cc.drop_namespace(ns)
+    problems.extend(autoscaling_problems(snapshots, float(demo.evaluation_interval_s), initial))
+    moves = {d for s in snapshots for d in s.history}
+    after_restart = {d for s in snapshots if s.operator > 0 for d in s.history} - {
+        d for s in snapshots if s.operator == 0 for d in s.history
+    }
+    if len(moves) < settings.min_moves:
+        problems.append(f"only {len(moves)} moves recorded: the policy did not act enough to test")
+    if not after_restart:
+        problems.append("no move decided by a restarted operator")
+    return CaseResult(
+        case="operator-killed-autoscaling",
+        done=(
+            f"SIGKILLed the operator {len(kills_at)}x (at {', '.join(kills_at)} s; seed {settings.seed}) "
+            "while "
+            f"its RatioPolicy moved an autoscaled deployment up and down every {demo.evaluation_interval_s} s"
+        ),
+        figures={
+            "kills": len(kills_at),
+            "moves": len(moves),
+            "moves_after_restart": len(after_restart),
+            "targets": ">".join(f"{p}:{d}" for _, p, d, _ in sorted(moves)),
+            "polls": len(snapshots),
+            "causes": ",".join(sorted({s.cause for s in snapshots if s.cause})),
+            "converge_s": converge_s,
+        },
+        target="0 history lost or rewritten, 0 decisions recorded or evaluated twice, "
+        "0 unrecorded pool sizes",
+        problems=tuple(problems),
+    )
 
 
 # -- 2. the API server or etcd down while the operator reconciles --------------------------------------
@@ -550,7 +811,7 @@ class FakeEngine:
     """vLLM's metrics of one engine pod in a private registry, served on loopback, fed steady traffic at
     the SLO (TTFT and ITL near their targets, so the policy has no reason to move)."""
 
-    def __init__(self, role: str, ttft_s: float, itl_s: float) -> None:
+    def __init__(self, role: str, ttft_s: float, itl_s: float, count_requests: bool = False) -> None:
         r = self.registry = CollectorRegistry()
         self.role = role
         # names: vllm-project/vllm docs/design/metrics.md (as disagg.metrics.queries reads them)
@@ -564,18 +825,33 @@ class FakeEngine:
         self.output = Histogram("vllm:request_generation_tokens", "output", buckets=TOKEN_BUCKETS, registry=r)
         Gauge("vllm:num_requests_waiting", "waiting", registry=r).set(0)
         Gauge("vllm:num_requests_running", "running", registry=r).set(1)
+        # vllm:request_success_total{finished_reason}: vllm-project/vllm docs/design/metrics.md. Off by
+        # default: without it the request rate is missing and the policy holds the pools wherever the
+        # latencies are at their SLOs (what the Prometheus cases need); with it an idle engine's zero rate
+        # lets the policy shrink an idle deployment
+        self.success = (
+            Counter("vllm:request_success", "finished", ["finished_reason"], registry=r).labels("stop")
+            if count_requests
+            else None
+        )
         self.ttft_s, self.itl_s = ttft_s, itl_s
+        self.queue_s = 0.004
+        self.idle = False  # True: no requests arrive (feed observes nothing)
         server, _ = start_http_server(0, addr="127.0.0.1", registry=r)
         self.server = server
         self.port = int(server.server_port)
 
     def feed(self) -> None:
-        """One request's worth of observations."""
+        """One request's worth of observations (none while idle)."""
+        if self.idle:
+            return
         self.ttft.observe(self.ttft_s)
-        self.queue.observe(0.004)
+        self.queue.observe(self.queue_s)
         self.prefill.observe(0.15)
         self.prompt.observe(1000)
         self.output.observe(100)
+        if self.success is not None:
+            self.success.inc()
         for _ in range(10):
             self.itl.observe(self.itl_s)
 
@@ -585,10 +861,13 @@ class FakeEngine:
 
 
 @contextlib.contextmanager
-def fake_engines(rate_hz: float = 10.0) -> Iterator[dict[str, FakeEngine]]:
+def fake_engines(rate_hz: float = 10.0, count_requests: bool = False) -> Iterator[dict[str, FakeEngine]]:
     # histogram_quantile interpolates inside a bucket: all observations in (0.5, 1.0] give p90 0.95 s,
     # plus the decode side's (0, 0.005] ~0.005 s: TTFT 0.955 s against 1 s; ITL in (0.03, 0.05]: 0.048 s
-    engines = {"prefill": FakeEngine("prefill", 0.9, 0.04), "decode": FakeEngine("decode", 0.004, 0.04)}
+    engines = {
+        "prefill": FakeEngine("prefill", 0.9, 0.04, count_requests),
+        "decode": FakeEngine("decode", 0.004, 0.04, count_requests),
+    }
     stop = threading.Event()
 
     def run() -> None:
@@ -1661,6 +1940,7 @@ def scale_down_drain(cc: ChaosCluster, settings: ScaleDownSettings = ScaleDownSe
 
 CASES: dict[str, Callable[[ChaosCluster], CaseResult]] = {
     "operator-killed": operator_killed,
+    "operator-killed-autoscaling": operator_killed_autoscaling,
     "apiserver-outage": apiserver_outage,
     "ha-failover": ha_failover,
     "etcd-outage": etcd_outage,
