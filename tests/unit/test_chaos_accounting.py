@@ -19,10 +19,13 @@ from disagg.chaos.cases import (
     Decision,
     Moment,
     autoscaling_problems,
+    changed_status_fields,
+    changed_summary,
     history_problems,
     kill_moments,
     operator_writes,
     streams_across,
+    writes_between,
 )
 from disagg.chaos.harness import tracebacks
 from disagg.demo.traffic import PhaseReport
@@ -193,3 +196,15 @@ def test_an_unrecorded_pool_size_an_early_evaluation_and_lost_memory_are_problem
         "evaluated 2 s after the one before (2026-12-06T01:00:12Z): decided twice",
         "decode pool at 5, which no recorded decision asked for",
     ]
+
+
+def test_writes_after_an_outage_are_counted_by_resource_and_set_against_what_status_changed() -> None:
+    before = {"disaggregateddeployments/status": 10.0, "deployments": 4.0}
+    after = {"disaggregateddeployments/status": 15.0, "deployments": 4.0, "services": 1.0}
+    assert writes_between(before, after) == {"disaggregateddeployments/status": 5, "services": 1}
+    old = {"small-0": {"replicas": {"ready": 1}, "router": "x"}, "small-1": {"replicas": {"ready": 2}}}
+    new = {"small-0": {"replicas": {"ready": 2}, "router": "x"}, "small-1": {"replicas": {"ready": 1}}}
+    changed = changed_status_fields(old, new)
+    assert changed == ["small-0.replicas", "small-1.replicas"]
+    assert changed_summary(changed) == "replicas in 2"
+    assert changed_status_fields(old, old) == [] and changed_summary([]) == "-"
