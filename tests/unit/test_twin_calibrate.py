@@ -16,7 +16,7 @@ import yaml
 from disagg.cli import main
 from disagg.clicommon import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from disagg.perf.latency import load_profile_yaml, set_profile_overlay
-from disagg.twin import fit_measured, profiles
+from disagg.twin import fidelity, fit_measured, profiles
 from disagg.twin.measurements import (
     Defaults,
     MeasuredPoint,
@@ -377,3 +377,46 @@ def test_a_gpu_the_twin_lacks_takes_its_datasheet_and_scales_the_h100_tables() -
     # at small batches, the TFLOPS one at large
     assert target.base["layers_ms"][0] == pytest.approx(h100["layers_ms"][0] * 989 / 500, rel=1e-3)
     assert target.base["gen_attn_ms"][1] == pytest.approx(h100["gen_attn_ms"][1] * 3.35 / 2.0)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+@pytest.mark.parametrize(
+    ("name", "points"),
+    [
+        ("calibrate-aiconfigurator-llama70b.csv", fidelity.AICONFIG),
+        (
+            "calibrate-nim-llama33-70b.csv",
+            (
+                fidelity.NIM_SINGLE,
+                *fidelity.NIM_CONCURRENCY,
+                *fidelity.NIM_SATURATED,
+                fidelity.NIM_SHORT_PROMPT,
+            ),
+        ),
+    ],
+)
+def test_the_documented_calibration_examples_are_the_fidelity_points(
+    name: str, points: tuple[fidelity.ClosedLoopPoint, ...]
+) -> None:
+    """docs/simulate.md calibrates on these files; they hold the published points the twin's fidelity
+    tests check (disagg.twin.fidelity), the same numbers, so the two never drift apart."""
+    read = read_measurements([EXAMPLES / name])
+    got = {
+        (
+            int(m.setup.prompt_tokens),
+            int(m.setup.output_tokens),
+            m.setup.concurrency,
+            m.setup.tp,
+            m.setup.dtype,
+        ): (
+            m.observed.ttft_mean_s,
+            m.observed.tpot_mean_s,
+        )
+        for m in read
+    }
+    want = {(p.isl, p.osl, p.concurrency, p.tp, p.dtype): (p.ttft_s, p.tpot_s) for p in points}
+    assert got.keys() == want.keys()
+    for key, (ttft, tpot) in want.items():
+        assert got[key] == pytest.approx((ttft, tpot), rel=1e-9), key

@@ -90,6 +90,8 @@ honest:
 from __future__ import annotations
 
 import csv
+import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +105,8 @@ from disagg.twin.fidelity import (
     FRONT_END_WHAT_IF,
     MOE_POINTS,
     NIM_CONCURRENCY,
+    NIM_SATURATED,
+    NIM_SHORT_PROMPT,
     NIM_SINGLE,
     TOLERANCE,
     TRAIN,
@@ -122,6 +126,15 @@ QUEUEING_MISS = (
     "at 64 in flight against 185/1150 published; neither client phase, drift noise, the scheduler's knobs "
     "nor a front end growing with streams or with its CPU load (tokens/s) explains both sources; see the "
     "module docstring and the bracket test"
+)
+
+
+# the twin's request overhead (calibrate.RUNTIME, 25 ms) was fitted on aiconfigurator's vLLM TP8 point
+REQUEST_OVERHEAD_MISS = (
+    "front end: the twin charges every request 25 ms before the engine queue (fitted on aiconfigurator's "
+    "vLLM 1k@4 point); NIM's two single-request rows (500 and 5000 tokens in) differ by what the twin's "
+    "prefill predicts, so the rest is a fixed cost: their intercept is 7.9 ms (disagg twin calibrate on "
+    "NIM's table fits 8 ms); a profile fitted to the engine's own runs is the remedy, not a shipped constant"
 )
 
 
@@ -502,3 +515,43 @@ def test_vidur_offset_fitted_on_70b_explains_the_7b_rows(h100_bf16_gemm: object)
 def test_moe_wide_ep_throughput_per_node(point: MoeThroughputPoint) -> None:
     twin, _ = moe_throughput_per_node(point)
     assert _rel_err(twin, point.published) <= TOLERANCE
+
+
+@pytest.mark.parametrize("point", NIM_SATURATED, ids=lambda p: f"{p.concurrency}flight")
+def test_nim_past_saturation_waits_as_the_replicas_capacity_says(point: ClosedLoopPoint) -> None:
+    """150-250 clients on a replica whose KV cache holds ~85 of these requests (FP8 KV): the rest wait, so
+    TTFT is set by the saturated throughput (the KV capacity the twin gives the replica and its step time);
+    checks, nothing fitted to them."""
+    ttft, itl = closed_loop_latency(point, seeds=(1, 2))
+    assert _rel_err(ttft, point.ttft_s) <= TOLERANCE, f"TTFT {ttft:.1f} vs {point.ttft_s:.1f} s"
+    assert _rel_err(itl, point.tpot_s) <= TOLERANCE, f"ITL {itl * 1e3:.1f} vs {point.tpot_s * 1e3:.1f} ms"
+
+
+def test_nim_saturated_waits_grow_with_each_client_as_published() -> None:
+    """Past saturation each further client adds one request's share of the saturated throughput to
+    everyone's wait: published 26.9 s per 50 clients (150 -> 200 -> 250); the twin's slope within 25%."""
+    ttfts = [closed_loop_latency(p, seeds=(1,))[0] for p in NIM_SATURATED]
+    published = [p.ttft_s for p in NIM_SATURATED]
+    for (a, b), (ra, rb) in zip(itertools.pairwise(ttfts), itertools.pairwise(published), strict=True):
+        assert _rel_err(b - a, rb - ra) <= TOLERANCE, (b - a, rb - ra)
+
+
+@pytest.mark.xfail(strict=True, reason=REQUEST_OVERHEAD_MISS)
+def test_nim_short_prompt_single_request_ttft() -> None:
+    ttft, _ = closed_loop_latency(NIM_SHORT_PROMPT)
+    assert _rel_err(ttft, NIM_SHORT_PROMPT.ttft_s) <= TOLERANCE, f"TTFT {ttft * 1e3:.0f} vs 47.8 ms"
+
+
+def test_nim_short_prompt_misses_only_by_the_fixed_request_cost() -> None:
+    """What the xfail above says: the twin's ITL at 500 in / 2000 out is right, and the TTFT difference
+    between NIM's 500- and 5000-token single-request rows (the prefill of 4500 more tokens) is within 5%
+    of the twin's; the miss is the fixed per-request cost, which the difference cancels."""
+    short_ttft, short_itl = closed_loop_latency(NIM_SHORT_PROMPT)
+    long_ttft, _ = closed_loop_latency(replace(NIM_SINGLE, kv_dtype=NIM_SHORT_PROMPT.kv_dtype))
+    assert _rel_err(short_itl, NIM_SHORT_PROMPT.tpot_s) <= 0.05
+    published = NIM_SINGLE.ttft_s - NIM_SHORT_PROMPT.ttft_s
+    assert _rel_err(long_ttft - short_ttft, published) <= 0.05, (long_ttft - short_ttft, published)
+    # and the fixed cost the two rows imply is well under the twin's 25 ms
+    per_token = published / (NIM_SINGLE.isl - NIM_SHORT_PROMPT.isl)
+    fixed = NIM_SHORT_PROMPT.ttft_s - per_token * NIM_SHORT_PROMPT.isl
+    assert 0.0 < fixed < 0.015, fixed
