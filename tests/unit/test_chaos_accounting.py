@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from disagg.api.status import AutoscalingStatus
 from disagg.chaos import CaseResult
 from disagg.chaos.cases import (
     AutoscalingKillSettings,
@@ -19,6 +20,7 @@ from disagg.chaos.cases import (
     Decision,
     Moment,
     autoscaling_problems,
+    autoscaling_snapshot,
     changed_status_fields,
     changed_summary,
     history_problems,
@@ -208,3 +210,28 @@ def test_writes_after_an_outage_are_counted_by_resource_and_set_against_what_sta
     assert changed == ["small-0.replicas", "small-1.replicas"]
     assert changed_summary(changed) == "replicas in 2"
     assert changed_status_fields(old, old) == [] and changed_summary([]) == "-"
+
+
+def test_a_poll_reads_status_autoscaling_as_the_operator_writes_it() -> None:
+    status = {
+        "policy": "chat-slo",
+        "desiredReplicas": {"prefill": 3, "decode": 1},
+        "lastEvaluationTime": "2026-12-06T01:00:20Z",
+        "lastEvaluation": {"time": "2026-12-06T01:00:20Z", "prefill": 3, "decode": 1, "cause": "Steady"},
+        "decisions": [
+            {"time": "2026-12-06T01:00:20Z", "prefill": 3, "decode": 1, "cause": "TTFTBreachPrefillQueue"},
+            {"time": "2026-12-06T01:00:10Z", "prefill": 2, "decode": 1, "cause": "TTFTBreachPrefillQueue"},
+        ],
+        "policyMemory": {"flaps": {}},
+    }
+    snap = autoscaling_snapshot(1.5, 2, AutoscalingStatus.model_validate(status), (3, None))
+    assert snap.history == HISTORY
+    assert (snap.desired, snap.last_evaluation, snap.memory, snap.cause) == (
+        (3, 1),
+        "2026-12-06T01:00:20Z",
+        True,
+        "Steady",
+    )
+    assert (snap.at, snap.operator, snap.children) == (1.5, 2, (3, None))
+    empty = autoscaling_snapshot(0.0, 0, AutoscalingStatus.model_validate({}), (1, 1))
+    assert (empty.history, empty.desired, empty.memory, empty.cause) == ((), None, False, None)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.api.common import parse_rfc3339, shorten
+from disagg.api.status import AutoscalingStatus
 from disagg.chaos import hostile
 from disagg.chaos.harness import (
     FIELD_MANAGER,
@@ -79,6 +80,7 @@ from disagg.twin.live.load import LoadReport
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "vllm-nixl.yaml"
+N = TypeVar("N", int, float)  # a counter reading: the API server's (float) or Events' counts (int)
 
 
 def example_deployment(namespace: str, name: str, example: Path = EXAMPLE) -> JsonDict:
@@ -272,10 +274,20 @@ class AutoscalingSnapshot:
     children: tuple[int | None, int | None]
 
 
-def _decisions(auto: Mapping[str, Any]) -> tuple[Decision, ...]:
-    return tuple(
-        (str(d.get("time")), int(d.get("prefill", -1)), int(d.get("decode", -1)), str(d.get("cause")))
-        for d in auto.get("decisions") or []
+def autoscaling_snapshot(
+    at: float, operator: int, auto: AutoscalingStatus, children: tuple[int | None, int | None]
+) -> AutoscalingSnapshot:
+    """A poll's record of ``status.autoscaling`` (read with the API's own model) and the pools' replicas."""
+    desired = auto.desired_replicas
+    return AutoscalingSnapshot(
+        at=at,
+        operator=operator,
+        history=tuple((d.time, d.prefill, d.decode, d.cause) for d in auto.decisions),
+        desired=(desired.prefill, desired.decode) if desired else None,
+        last_evaluation=auto.last_evaluation_time,
+        memory=auto.policy_memory is not None,
+        cause=auto.last_evaluation.cause if auto.last_evaluation else None,
+        children=children,
     )
 
 
@@ -330,22 +342,18 @@ def autoscaling_problems(
         if before.memory and not after.memory:
             problems.append(f"operator run {after.operator}: policyMemory lost")
     evaluations = sorted({s.last_evaluation for s in snapshots if s.last_evaluation})
-    moments = [parse_rfc3339(e) for e in evaluations]
     # lastEvaluationTime has seconds precision: two evaluations one interval apart may read 1 s closer
-    for earlier, later, text in zip(moments, moments[1:], evaluations[1:], strict=False):
-        if earlier is not None and later is not None and later - earlier < interval_s - 1.0:
-            problems.append(f"evaluated {later - earlier:.0f} s after the one before ({text}): decided twice")
-    allowed: list[set[int]] = [{initial[i]} for i in (0, 1)]
-    for snap in snapshots:
-        for decision in snap.history:
-            allowed[0].add(decision[1])
-            allowed[1].add(decision[2])
-    for i in (0, 1):
-        allowed[i] |= {s.desired[i] for s in snapshots if s.desired is not None}
+    for earlier, later in itertools.pairwise(evaluations):
+        t0, t1 = parse_rfc3339(earlier), parse_rfc3339(later)
+        if t0 is not None and t1 is not None and t1 - t0 < interval_s - 1.0:
+            problems.append(f"evaluated {t1 - t0:.0f} s after the one before ({later}): decided twice")
+    # the pool sizes something asked for: the start, every recorded move, every desiredReplicas seen
+    asked = {initial} | {d[1:3] for s in snapshots for d in s.history}
+    asked |= {s.desired for s in snapshots if s.desired is not None}
     for snap in snapshots:
         for i, role in enumerate(("prefill", "decode")):
             count = snap.children[i]
-            if count is not None and count not in allowed[i]:
+            if count is not None and count not in {pair[i] for pair in asked}:
                 problems.append(f"{role} pool at {count}, which no recorded decision asked for")
     return sorted(set(problems), key=problems.index)
 
@@ -390,19 +398,9 @@ def operator_killed_autoscaling(
                 )
             except (ApiException, OSError):
                 continue
-            auto = (obj.get("status") or {}).get("autoscaling") or {}
-            desired = auto.get("desiredReplicas")
+            auto = AutoscalingStatus.model_validate((obj.get("status") or {}).get("autoscaling") or {})
             snapshots.append(
-                AutoscalingSnapshot(
-                    at=time.monotonic(),
-                    operator=run_index[0],
-                    history=_decisions(auto),
-                    desired=(int(desired["prefill"]), int(desired["decode"])) if desired else None,
-                    last_evaluation=auto.get("lastEvaluationTime"),
-                    memory=auto.get("policyMemory") is not None,
-                    cause=(auto.get("lastEvaluation") or {}).get("cause"),
-                    children=(children[0], children[1]),
-                )
+                autoscaling_snapshot(time.monotonic(), run_index[0], auto, (children[0], children[1]))
             )
 
     def breach(engines: Mapping[str, FakeEngine], on: bool) -> None:
@@ -535,9 +533,15 @@ def _spec_writes_by_resource(cc: ChaosCluster) -> dict[str, float]:
     return {k: v for k, v in _apiserver_writes(cc).items() if k != "events"}
 
 
+def increase(before: Mapping[str, N], after: Mapping[str, N]) -> dict[str, N]:
+    """What each counter (writes by resource, Events by reason) gained between two readings; keys that
+    did not grow are left out."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+
+
 def writes_between(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, int]:
     """Writes counted between two readings of :func:`_spec_writes_by_resource`, by resource."""
-    return {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v > before.get(k, 0.0)}
+    return {k: int(v) for k, v in increase(before, after).items()}
 
 
 def _statuses(kube: KubeApi, namespace: str) -> dict[str, dict[str, Any]]:
@@ -1396,12 +1400,8 @@ def idle_writes(cc: ChaosCluster, settings: IdleWritesSettings = IdleWritesSetti
         start, events_before = _apiserver_writes(cc), _event_counts(kube, ns)
         time.sleep(settings.window_s)  # the window the writes are counted over
         end, events_after = _apiserver_writes(cc), _event_counts(kube, ns)
-        emitted = {
-            k: n - events_before.get(k, 0) for k, n in events_after.items() if n > events_before.get(k, 0)
-        }
-        delta = {
-            k: end[k] - start.get(k, 0.0) for k in end if k != "events" and end[k] - start.get(k, 0.0) > 0
-        }
+        emitted = increase(events_before, events_after)
+        delta = {k: v for k, v in increase(start, end).items() if k != "events"}
         # Events have many writers (the endpoint controllers keep failing on kwok's loopback pod IPs): the
         # operator's are those of its namespace that it reported
         ours = {k: n for k, n in emitted.items() if k.split("/")[0] in OPERATOR_EVENT_SOURCES}
@@ -1506,7 +1506,7 @@ def load(cc: ChaosCluster, settings: LoadSettings = LoadSettings()) -> CaseResul
         by_before, cpu_before = _spec_writes_by_resource(cc), _cpu_s(pid)
         time.sleep(settings.idle_window_s)
         by_after = _spec_writes_by_resource(cc)
-        by_resource = {k: v - by_before.get(k, 0.0) for k, v in by_after.items() if v > by_before.get(k, 0.0)}
+        by_resource = increase(by_before, by_after)
         idle_writes = sum(by_resource.values())
         idle_cpu = _cpu_s(pid) - cpu_before
         stop.set()
@@ -1789,7 +1789,7 @@ def hostile_input(cc: ChaosCluster, settings: HostileSettings = HostileSettings(
         before = _spec_writes_by_resource(cc)
         time.sleep(settings.quiet_window_s)
         after = _spec_writes_by_resource(cc)
-        quiet = {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v > before.get(k, 0.0)}
+        quiet = writes_between(before, after)
         quiet_writes = sum(quiet.values())
         kopf_bytes = max((_kopf_bytes(d) for d in kube.list(DISAGG_DEPLOYMENT, ns)), default=0)
         if kopf_bytes > settings.kopf_bytes_limit:
