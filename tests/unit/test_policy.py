@@ -668,7 +668,7 @@ def test_flap_damping_never_stretches_the_window_past_twice_the_configured_one()
     assert DAMPING.window(300.0, (), 600.0) == 300.0
 
 
-def test_an_unspent_error_budget_lets_replicas_run_busier_and_breaches_take_it_back() -> None:
+def test_an_unspent_error_budget_lets_replicas_run_busier_and_an_overspent_one_keeps_a_reserve() -> None:
     from disagg.policy.model_based import budget_utilization, updated_spend
 
     policy = spec(algorithm="model-based")
@@ -676,10 +676,16 @@ def test_an_unspent_error_budget_lets_replicas_run_busier_and_breaches_take_it_b
     assert budget_utilization(policy, None) == base  # no history: the configured target
     calm = budget_utilization(policy, 0.0)
     assert base < calm <= 0.97
+    assert budget_utilization(policy, updated_spend(None, False, policy)) > base  # one good evaluation
     spend: float | None = 0.0
+    levels = []
     for _ in range(40):  # twenty minutes of breaches at 30 s evaluations
         spend = updated_spend(spend, True, policy)
-    assert budget_utilization(policy, spend) == base
+        levels.append(budget_utilization(policy, spend))
+    # the headroom comes back first, then a reserve below the target grows with the overspend, to a floor
+    assert levels == sorted(levels, reverse=True)
+    assert levels[0] > base and levels[-1] < base
+    assert min(levels) >= min(0.5, base)
     assert updated_spend(0.2, None, policy) == 0.2  # no latencies measured: nothing learned
 
 

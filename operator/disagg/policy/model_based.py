@@ -23,7 +23,8 @@ grow for its expected value, keep what its band needs), or the window's peak whe
 trusted; a queued backlog is drained over that horizon. Shrinks stop at a hysteresis band and, for decode,
 where the observed ITL and the KV at the scale-down window's peak prove them safe. Breaches grow the pool
 that shows a queue now. An error budget (:func:`budget_utilization`) lets replicas run busier while recent
-evaluations breached far less often than the SLO percentile allows.
+evaluations breached far less often than the SLO percentile allows, and keeps a reserve below the target
+utilisation while they breached more often.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ ERROR_BUDGET_HORIZON_S = 3600.0
 BUDGET_SAFETY = 0.5
 BUDGET_EXTRA_UTILIZATION = 0.1
 MAX_UTILIZATION = 0.97
+# an overspent budget takes headroom back: beyond the allowed spend, replicas plan for up to
+# BUDGET_RESERVE_UTILIZATION less than targetUtilization, all of it once BUDGET_OVERSPEND times the allowed
+# share of evaluations breached (the misses a sizing model does not see: bursts shorter than an evaluation,
+# switches between traffic regimes, a cold start's backlog), never below MIN_UTILIZATION
+BUDGET_RESERVE_UTILIZATION = 0.25
+BUDGET_OVERSPEND = 3.0
+MIN_UTILIZATION = 0.5
 # the prefill correction learns only while fewer than this many other requests arrive, on average, during
 # a request's own prefill step (see update_corrections)
 LIGHT_LOAD_SHARING = 0.25
@@ -445,13 +453,18 @@ def budget_utilization(policy: RatioPolicySpec, spend: float | None) -> float:
     """The utilisation the sizing may plan for. The SLO allows ``100 - percentile`` percent of requests
     to miss; while recent evaluations breached far less often than that (an unspent error budget),
     replicas may run up to ``BUDGET_EXTRA_UTILIZATION`` busier than ``targetUtilization``; as breaches
-    approach the budget the headroom comes back, and at the budget the configured target holds. No
-    history (a fresh start, a restart): the configured target."""
+    approach the budget the headroom comes back, and at the budget the configured target holds. Past
+    the budget the sizing keeps a reserve: up to ``BUDGET_RESERVE_UTILIZATION`` below the target, reached
+    at ``BUDGET_OVERSPEND`` times the budget, until the breaches age out of the average (about an hour).
+    No history (a fresh start, a restart): the configured target."""
     base = policy.model_based.target_utilization
     if spend is None:
         return base
-    room = max(0.0, 1.0 - spend / allowed_spend(policy))
-    return min(base + BUDGET_EXTRA_UTILIZATION * room, MAX_UTILIZATION)
+    spent = spend / allowed_spend(policy)
+    if spent > 1.0:
+        over = min(1.0, (spent - 1.0) / (BUDGET_OVERSPEND - 1.0))
+        return max(min(base, base - BUDGET_RESERVE_UTILIZATION * over), min(MIN_UTILIZATION, base))
+    return min(base + BUDGET_EXTRA_UTILIZATION * (1.0 - spent), MAX_UTILIZATION)
 
 
 def model_based_proposal(
