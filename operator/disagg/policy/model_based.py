@@ -463,7 +463,7 @@ def budget_utilization(policy: RatioPolicySpec, spend: float | None) -> float:
     spent = spend / allowed_spend(policy)
     if spent > 1.0:
         over = min(1.0, (spent - 1.0) / (BUDGET_OVERSPEND - 1.0))
-        return max(min(base, base - BUDGET_RESERVE_UTILIZATION * over), min(MIN_UTILIZATION, base))
+        return max(base - BUDGET_RESERVE_UTILIZATION * over, min(MIN_UTILIZATION, base))
     return min(base + BUDGET_EXTRA_UTILIZATION * (1.0 - spent), MAX_UTILIZATION)
 
 
