@@ -669,7 +669,7 @@ def test_flap_damping_never_stretches_the_window_past_twice_the_configured_one()
 
 
 def test_an_unspent_error_budget_lets_replicas_run_busier_and_an_overspent_one_keeps_a_reserve() -> None:
-    from disagg.policy.model_based import budget_utilization, updated_spend
+    from disagg.policy.model_based import MIN_UTILIZATION, budget_utilization, updated_spend
 
     policy = spec(algorithm="model-based")
     base = policy.model_based.target_utilization
@@ -685,7 +685,7 @@ def test_an_unspent_error_budget_lets_replicas_run_busier_and_an_overspent_one_k
     # the headroom comes back first, then a reserve below the target grows with the overspend, to a floor
     assert levels == sorted(levels, reverse=True)
     assert levels[0] > base and levels[-1] < base
-    assert min(levels) >= min(0.5, base)
+    assert min(levels) >= min(MIN_UTILIZATION, base)
     assert updated_spend(0.2, None, policy) == 0.2  # no latencies measured: nothing learned
 
 
