@@ -110,8 +110,9 @@ CASES = (
 
 
 def family_cases(section: str) -> list[TraceCase]:
-    """The generated cases of ``train`` or ``test`` (:mod:`disagg.twin.families`)."""
-    cases = families.training_set() if section == "train" else families.test_set()
+    """The generated cases of ``train``, ``validation`` or ``test`` (:mod:`disagg.twin.families`)."""
+    pick = {"train": families.training_set, "validation": families.validation_set}
+    cases = pick.get(section, families.test_set)()
     return [TraceCase(c.name, None, c.ttft_slo_s, c.itl_slo_s, section, c) for c in cases]
 
 
@@ -912,7 +913,7 @@ def as_json(
     )
 
 
-SETS = ("train", "test", "shared")
+SETS = ("train", "validation", "test", "shared")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -922,8 +923,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="sets",
         choices=(*SETS, "all"),
         action="append",
-        help="which cases: the shared traces, the training or the test families, or all (default: test and "
-        "shared, each in its own section); repeatable",
+        help="which cases: the shared traces, the training, validation or test families, or all (default: "
+        "test and shared, each in its own section); repeatable",
     )
     parser.add_argument("--trace", action="append", help="only this case (repeatable), e.g. azure-conv")
     parser.add_argument("--quick", action="store_true", help="first 15 minutes of each trace only")
@@ -953,9 +954,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     chosen = args.sets or ["test", "shared"]
-    sections = [s for s in SETS if s in chosen or "all" in chosen]
+    sections = [s for s in SETS if s in chosen or ("all" in chosen and s != "validation")]
     if "test" in sections and "shared" in sections:  # the held-out sets, test first
-        sections = [s for s in ("train", "test", "shared") if s in sections]
+        sections = [s for s in ("train", "validation", "test", "shared") if s in sections]
     starts = ("cold", "warm") if args.start == "both" else (args.start,)
     setup = Setup(metric_window_s=args.metric_window or None)
     sets = case_sets(sections)

@@ -116,12 +116,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="RatioPolicy spec overrides (JSON), optionally followed by ' | module.CONSTANT=value;...'",
     )
+    ap.add_argument(
+        "--set",
+        dest="case_set",
+        choices=("train", "validation"),
+        default="train",
+        help="the cases to tune on (never test or shared); the references must hold them",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--detail", action="store_true", help="print every case")
     args = ap.parse_args(argv)
     refs_json = json.loads(args.references.read_text())
-    refs = {c["case"]: c for c in refs_json["cases"] if c["set"] == "train"}
-    cases = [c for c in case_sets(["train"])["train"] if c.name in refs]
+    refs = {c["case"]: c for c in refs_json["cases"] if c["set"] == args.case_set}
+    cases = [c for c in case_sets([args.case_set])[args.case_set] if c.name in refs]
     candidates = args.candidate or ["{}"]
     for cand in candidates:
         jobs = [(c, s, cand, refs[c.name]) for c in cases for s in ("cold", "warm")]

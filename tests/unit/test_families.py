@@ -103,6 +103,18 @@ def test_train_and_test_sets_are_disjoint_and_reproducible() -> None:
         assert c.ttft_slo_s > 0 and c.itl_slo_s == 0.05
 
 
+def test_the_validation_set_is_drawn_like_the_test_set_but_shares_nothing_with_it() -> None:
+    train, test, valid = training_set(), families.test_set(), families.validation_set()
+    assert len(valid) == len(test)
+    assert [c.params for c in valid] == [c.params for c in families.validation_set()]
+    for other in (train, test):
+        assert not {c.seed for c in valid} & {c.seed for c in other}
+        assert not {c.params for c in valid} & {c.params for c in other}
+        assert not {c.name for c in valid} & {c.name for c in other}
+    assert {c.split for c in valid} == {"test", "beyond"}
+    assert all(c.name.startswith(f"{c.family}/validation-") for c in valid)
+
+
 def test_test_set_reaches_outside_the_training_ranges() -> None:
     outside: dict[str, set[str]] = defaultdict(set)
     for c in families.test_set():

@@ -854,6 +854,65 @@ def test_a_prefill_pool_caught_out_by_returning_traffic_keeps_the_level_it_retur
     assert later.prefill_fell_behind == ()
 
 
+def test_a_recurring_burst_is_measured_in_prompt_tokens_above_the_usual_level() -> None:
+    from disagg.policy.model_based import PEAK_RECURRENCE, is_prefill_peak, recurring_burst
+
+    now = 3600.0
+    # an hour at 20k prompt tokens/s; bursts lift a 120 s window's average to 36k (1.92M tokens more)
+    work = tuple((now - 30.0 * i, 20_000.0, 2_000.0) for i in range(110, 0, -1))
+    usual = PolicyState(work_history=work)
+    assert is_prefill_peak(usual, now, 36_000.0)
+    assert not is_prefill_peak(usual, now, 22_000.0)  # noise around the usual level
+    assert not is_prefill_peak(PolicyState(work_history=work[-5:]), now, 36_000.0)  # no baseline yet
+    # each burst shows at two evaluations in a row (the window slides over it): one episode, its highest
+    peaks = tuple(
+        p
+        for k in range(PEAK_RECURRENCE)
+        for p in ((now - 900.0 * (k + 1), 34_000.0), (now - 900.0 * (k + 1) + 30.0, 36_000.0))
+    )
+    assert recurring_burst(replace(usual, prefill_peaks=peaks), now, 120.0, 150.0) == pytest.approx(
+        16_000.0 * 120.0
+    )
+    # fewer episodes than PEAK_RECURRENCE within the hour are not a pattern yet
+    assert recurring_burst(replace(usual, prefill_peaks=peaks[2:]), now, 120.0, 150.0) == 0.0
+    # and episodes older than the hour are forgotten
+    assert recurring_burst(replace(usual, prefill_peaks=peaks), now + 2000.0, 120.0, 150.0) < 16_000.0 * 120.0
+
+
+def test_recurring_bursts_keep_the_prefill_pool_that_computes_them_between_bursts() -> None:
+    # between bursts: 14 req/s of 1400-token prompts, latencies fine; the pool grew to 11 for the bursts.
+    # Without memory of the bursts the model shrinks it; with three bursts of ~2M prompt tokens in the
+    # hour it keeps the replicas that compute one within an evaluation interval, and says so
+    from disagg.policy.model_based import PEAK_RECURRENCE
+
+    policy = spec(algorithm="model-based", **FREE)
+    now = 3600.0
+    o = obs(t=now, p=11, d=4, rate=14.0, prompt=1400.0, output=200.0, ttft=0.6)
+    work = tuple((now - 30.0 * i, 14.0 * 1400.0, 14.0 * 200.0) for i in range(110, 0, -1))
+    calm = PolicyState(work_history=work, load_history=tuple((t, 14.0) for t, _, _ in work))
+    shrunk, _ = run(o, policy, state=calm, bounds=MB_BOUNDS)
+    peaks = tuple((now - 600.0 * (k + 1), 14.0 * 1400.0 + 2.0e6 / 120.0) for k in range(PEAK_RECURRENCE))
+    bursty = replace(calm, prefill_peaks=peaks)
+    kept, state = run(o, policy, state=bursty, bounds=MB_BOUNDS)
+    assert shrunk.prefill < kept.prefill
+    assert state.prefill_peaks == peaks  # remembered, not added to: no breach now
+    said = " ".join(r.message for r in kept.reasons if r.role == "prefill")
+    assert "recurring bursts of 2e+06 prompt tokens" in said
+
+
+def test_a_prefill_breach_at_a_peak_is_remembered() -> None:
+    policy = spec(algorithm="model-based", **FREE)
+    now = 3600.0
+    work = tuple((now - 30.0 * i, 14.0 * 1400.0, 14.0 * 200.0) for i in range(110, 0, -1))
+    calm = PolicyState(work_history=work, load_history=tuple((t, 14.0) for t, _, _ in work))
+    # a burst: the window's rate up to 26 req/s of longer prompts, 400 requests queued at prefill
+    o = obs(t=now, p=6, d=4, rate=26.0, prompt=2600.0, output=200.0, ttft=9.0)
+    o = replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(400.0)))
+    _, state = run(o, policy, state=calm, bounds=MB_BOUNDS)
+    assert [t for t, _ in state.prefill_peaks] == [now]
+    assert state.prefill_peaks[0][1] == pytest.approx(26.0 * 2600.0, rel=0.05)
+
+
 def _shrinkable_decode(now: float) -> tuple[Observation, RatioPolicySpec, Bounds]:
     """2 decode replicas at 20% KV and ITL 26 ms with 20 sequences running: the 70B model proves one
     replica enough (see test_decode_shrinks_further_when_the_profile_gives_the_step_shape)."""

@@ -26,6 +26,7 @@ def _state(now: float = NOW) -> PolicyState:
         work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
         prefill_fell_behind=(now - 1200.0,),
+        prefill_peaks=((now - 900.0, 61_000.0), (now - 600.0, 58_500.0)),
         decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i, 5e5 + i) for i in range(10, -1, -1)),
         slo_spend=0.125,
     )
@@ -48,6 +49,7 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert restored.last_scale_down == {"prefill": NOW - 600.0}
     assert restored.flaps == {"decode": (NOW - 900.0, NOW - 300.0)}
     assert restored.prefill_fell_behind == (NOW - 1200.0,)
+    assert restored.prefill_peaks == ((NOW - 900.0, 61_000.0), (NOW - 600.0, 58_500.0))
     assert len(restored.decode_load) == len(state.decode_load)
     for d0, d1 in zip(state.decode_load, restored.decode_load, strict=True):
         assert abs(d0[0] - d1[0]) <= 0.5

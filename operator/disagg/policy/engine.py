@@ -464,6 +464,9 @@ def decide(
     episodes = tuple(t for t in state.prefill_fell_behind if now - t <= RECURRENCE_S)
     if proposal.prefill_fell_behind and (not episodes or now - episodes[-1] > windows[1]):
         episodes = (*episodes, now)  # a new episode: the last one ended more than a scale-down window ago
+    peaks = tuple(p for p in state.prefill_peaks if now - p[0] <= RECURRENCE_S) + (
+        ((now, work[0]),) if proposal.prefill_peak and work is not None else ()
+    )
     waiting = observation.prefill.queue_depth
     prefill_queue = tuple(q for q in state.prefill_queue if now - q[0] <= QUEUE_MEMORY_S)[-2:] + (
         ((now, waiting.value),) if waiting.ok and waiting.value is not None else ()
@@ -494,6 +497,7 @@ def decide(
         work_history=work_history,
         prefill_queue=prefill_queue,
         prefill_fell_behind=episodes,
+        prefill_peaks=peaks,
         decode_load=decode_load,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
     )

@@ -81,6 +81,7 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "flaps": flaps,
         "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
         "decodeLoad": _samples(state.decode_load, now)[-MAX_SAMPLES:],
+        "prefillPeaks": _samples(state.prefill_peaks, now)[-MAX_SAMPLES:],
         "lastScaleUp": _times(state.last_scale_up, now),
         "lastScaleDown": _times(state.last_scale_down, now),
     }
@@ -160,8 +161,10 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
     )
     episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
     decode_load = [(t, kv, run, fp) for t, kv, run, fp in _restore_samples(data.get("decodeLoad"), now, 4)]
+    peaks = [(t, w) for t, w in _restore_samples(data.get("prefillPeaks"), now, 2)]
     return PolicyState(
         prefill_fell_behind=tuple(episodes),
+        prefill_peaks=tuple(peaks[-MAX_SAMPLES:]),
         decode_load=tuple(decode_load[-MAX_SAMPLES:]),
         load_history=tuple(history[-MAX_SAMPLES:]),
         work_history=tuple(work[-MAX_SAMPLES:]),

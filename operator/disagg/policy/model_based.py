@@ -88,6 +88,19 @@ MAX_PREFIX_HIT = 0.95
 # Requiring two such episodes instead of one had no effect within one-hour traces (training families)
 RECURRENCE_S = 3600.0
 RECURRENCE_QUANTILE = 0.8
+# bursts that recur: a prefill-side breach whose window brought at least PEAK_RATIO times the hour's
+# median prefill work is a peak (PolicyState.prefill_peaks); once peaks came in PEAK_RECURRENCE separate
+# episodes within RECURRENCE_S, the pool is sized for the level they reached (the median episode's),
+# not shrunk between them. A burst shorter than an evaluation is over before replicas asked for at its
+# breach can serve (120 s of start-up); a pool already holding the level drains the next one.
+PEAK_RATIO = 1.25
+PEAK_RECURRENCE = 3
+# the pool keeps, beyond what the usual level needs, the replicas that compute a recurring burst's prompt
+# tokens at full batches within this many evaluation intervals (never less than the TTFT target): the
+# next evaluation then meets a pool that has caught up
+BURST_DRAIN_INTERVALS = 1.0
+# samples of the hour's work needed before one can stand out as a peak
+PEAK_BASELINE_SAMPLES = 10
 # queue samples older than this are not "the last evaluations" (an operator that paused, a restart)
 QUEUE_MEMORY_S = 180.0
 # a prefill pool falls behind when, over the metric window, it computed less than this share of the
@@ -327,6 +340,45 @@ def recurring_level(state: PolicyState, now: float, per_request: float) -> float
     return hour[min(int(RECURRENCE_QUANTILE * len(hour)), len(hour) - 1)] / per_request
 
 
+def hour_median_work(state: PolicyState, now: float) -> float | None:
+    """The median prefill work (tokens/s) of the last hour's samples; None with fewer than
+    PEAK_BASELINE_SAMPLES of them."""
+    hour = sorted(w[1] for w in state.work_history if now - w[0] <= RECURRENCE_S)
+    if len(hour) < PEAK_BASELINE_SAMPLES:
+        return None
+    return hour[len(hour) // 2]
+
+
+def is_prefill_peak(state: PolicyState, now: float, work: float) -> bool:
+    """Whether prefill work of ``work`` tokens/s stands out from the last hour's as a peak: at least
+    PEAK_RATIO times the hour's median (:func:`hour_median_work`)."""
+    median = hour_median_work(state, now)
+    return median is not None and work >= PEAK_RATIO * median
+
+
+def recurring_burst(state: PolicyState, now: float, window_s: float, merge_s: float) -> float:
+    """The prompt tokens a recurring burst brings beyond the usual level: the median, over the peak
+    episodes of the last hour (peaks less than ``merge_s`` apart are one episode), of the episode's
+    highest work above the hour's median, times the metric window ``window_s`` the work is averaged
+    over (a burst shorter than the window shows in its average diluted by the window's length). 0 before
+    PEAK_RECURRENCE episodes, or without a median."""
+    median = hour_median_work(state, now)
+    if median is None:
+        return 0.0
+    episodes: list[float] = []
+    last: float | None = None
+    for t, work in sorted(p for p in state.prefill_peaks if now - p[0] <= RECURRENCE_S):
+        if last is not None and t - last <= merge_s:
+            episodes[-1] = max(episodes[-1], work)
+        else:
+            episodes.append(work)
+        last = t
+    if len(episodes) < PEAK_RECURRENCE:
+        return 0.0
+    excess = sorted(max(w - median, 0.0) for w in episodes)[len(episodes) // 2]
+    return excess * window_s
+
+
 def settled_for(state: PolicyState, role: Role, now: float, policy: RatioPolicySpec, bounds: Bounds) -> bool:
     """Whether the pool has served at its present size for a whole metric window: no scale-up for its
     start-up plus the window, no scale-down for the window (a window's throughput then belongs to the
@@ -564,6 +616,9 @@ def model_based_proposal(
         # plus the growth (the window's average rate lags a shift by half its span)
         arriving = obs.prefill.ready / service.mean_s + outrun
         pp = replace(pp, plan=max(pp.plan, arriving), keep=max(pp.keep, arriving))
+    window_s = float(policy.metric_window_seconds)
+    burst = recurring_burst(state, now, window_s, window_s + policy.evaluation_interval_seconds)
+    drain_s = max(BURST_DRAIN_INTERVALS * policy.evaluation_interval_seconds, ttft_t)
     horizon = startup_horizon_s(policy, bounds)
     startup = bounds.prefill.startup_seconds
     backlog = queued + outrun * (float(mb.lookahead_seconds) if startup is None else startup)
@@ -586,6 +641,14 @@ def model_based_proposal(
             wait_scale,
         )
 
+    burst_extra = 0
+    if burst > 0:
+        # recurring bursts: the pool the usual level needs, plus the replicas that compute a burst's
+        # prompt tokens within the drain time at full batches (a transient: they are idle otherwise)
+        burst_extra = math.ceil(burst / (drain_s * computed / service.mean_s))
+        usual = (hour_median_work(state, now) or rate * computed) / computed
+        floor_up = min(prefill_needed(util, usual) + burst_extra, bounds.prefill.max_replicas)
+        floor_keep = min(prefill_needed(util * (1 - policy.tolerance), usual) + burst_extra, floor_up)
     p90_prompt = _v(obs.prompt_tokens_p90)
     context_p90 = (p90_prompt + out / 2.0) if p90_prompt is not None else None
     batch = decode_batch_at_slo(models.decode, context, itl_t, c_d, context_p90)
@@ -605,6 +668,8 @@ def model_based_proposal(
     n_p = with_hysteresis(
         obs.prefill.replicas, prefill_needed(util, pp.plan), prefill_needed(util * (1 - tol), pp.keep)
     )
+    if burst_extra:
+        n_p = max(n_p, with_hysteresis(obs.prefill.replicas, floor_up, floor_keep))
     n_d = with_hysteresis(
         obs.decode.replicas, decode_needed(util, dp.plan), decode_needed(util * (1 - tol), dp.keep)
     )
@@ -668,6 +733,8 @@ def model_based_proposal(
     side = prefill_side_ttft(obs)
     at_decode = ttft_breach and ttft is not None and decode_holds_ttft(obs, ttft, side, ttft_t)
     p_breach = ttft_breach and not at_decode and prefill_queued(obs, ttft_t)
+    arriving_work = work_sample(obs)
+    at_peak = p_breach and arriving_work is not None and is_prefill_peak(state, now, arriving_work[0])
     if p_breach and not backlog_only(obs, obs.prefill.replicas, mb.target_utilization):
         ready = obs.prefill.ready >= obs.prefill.replicas
         n_p = max(n_p, obs.prefill.replicas + (1 if ready else 0))
@@ -687,6 +754,11 @@ def model_based_proposal(
         + (f" ({spend:.0%} of recent evaluations breached)" if spend is not None else "")
     )
     drain = f"; backlog of {queued:.0f} drains at {backlog_rate:.2f} req/s" if backlog_rate else ""
+    if burst_extra:
+        drain += (
+            f"; recurring bursts of {burst:.3g} prompt tokens keep {burst_extra} replica(s) to compute "
+            f"them within {drain_s:.0f}s"
+        )
     return Proposal(
         RoleProposal(
             n_p,
@@ -713,4 +785,5 @@ def model_based_proposal(
         corr,
         spend,
         prefill_fell_behind=fell_behind,
+        prefill_peak=at_peak,
     )

@@ -30,6 +30,9 @@ class Proposal:
     # model-based: arrivals outran the prefill pool this evaluation (its queue grew to a real share of
     # the TTFT target at two evaluations running): the engine remembers when, see PolicyState
     prefill_fell_behind: bool = False
+    # model-based: this evaluation's prefill-side breach came with work well above the hour's usual level
+    # (a peak): the engine remembers the work, see PolicyState.prefill_peaks
+    prefill_peak: bool = False
 
     def role(self, role: Role) -> RoleProposal:
         return self.prefill if role == "prefill" else self.decode

@@ -164,6 +164,10 @@ class PolicyState:
     # when arrivals outran the prefill pool (the start of each such episode) within the last hour: a pool
     # caught out by traffic returning to a level it had seen keeps what that level needs for the hour
     prefill_fell_behind: tuple[float, ...] = ()
+    # (time, prompt tokens/s prefill computes) of the evaluations within the last hour at which a
+    # prefill-side breach met work well above the hour's usual level: bursts that recur come back to
+    # about that level, and a pool shrunk between them meets each with a backlog
+    prefill_peaks: tuple[tuple[float, float], ...] = ()
     # (time, decode KV in use in replica caches: usage x ready replicas, sequences running at decode,
     # KV footprint of a request: output x (prompt + output / 2) tokens) over the scale-down window: a
     # decode shrink is proven against the window's peak, not one scrape (with heavy-tailed prompts the

@@ -643,17 +643,18 @@ class Case:
 
 
 CASES_PER_FAMILY = 2
-_TRAIN_MASTER, _TEST_MASTER = 20250611, 20250612  # parameter draws
-_TRAIN_SEEDS, _TEST_SEEDS = 1000, 9000  # traffic seeds: disjoint ranges
+# parameter draws and traffic seeds per set: disjoint seed ranges
+_MASTER = {"train": 20250611, "test": 20250612, "validation": 20250613}
+_SEEDS = {"train": 1000, "test": 9000, "validation": 5000}
 
 
-def _cases(split: Literal["train", "test"], per_family: int) -> list[Case]:
+def _cases(split: Literal["train", "test", "validation"], per_family: int) -> list[Case]:
     out: list[Case] = []
     for f, family in enumerate(FAMILIES):
-        rng = np.random.default_rng([_TRAIN_MASTER if split == "train" else _TEST_MASTER, f])
+        rng = np.random.default_rng([_MASTER[split], f])
         for j in range(per_family):
-            how: Split = split if split == "train" or j % 2 == 0 else "beyond"
-            seed = (_TRAIN_SEEDS if split == "train" else _TEST_SEEDS) + 100 * f + j
+            how: Split = "train" if split == "train" else "test" if j % 2 == 0 else "beyond"
+            seed = _SEEDS[split] + 100 * f + j
             out.append(Case(f"{family}/{split}-{j}", how, sample_params(family, rng, how), seed))
     return out
 
@@ -667,6 +668,13 @@ def test_set(per_family: int = CASES_PER_FAMILY) -> list[Case]:
     """Cases to judge a policy on: other seeds; per family, even-numbered cases drawn from the (wider) test
     ranges and odd-numbered ones from outside the training ranges."""
     return _cases("test", per_family)
+
+
+def validation_set(per_family: int = CASES_PER_FAMILY) -> list[Case]:
+    """Cases to choose what the training ranges never exercise (a burst that breaches at prefill, say):
+    drawn like the test set, from the test ranges and beyond the training ones, with other parameter
+    draws and seeds. Tuning on it is tuning; results are reported on the test set."""
+    return _cases("validation", per_family)
 
 
 def family_names() -> list[str]:
