@@ -24,7 +24,9 @@ trusted; a queued backlog is drained over that horizon. Shrinks stop at a hyster
 where the observed ITL and the KV at the scale-down window's peak prove them safe. Breaches grow the pool
 that shows a queue now. An error budget (:func:`budget_utilization`) lets replicas run busier while recent
 evaluations breached far less often than the SLO percentile allows, and keeps a reserve below the target
-utilisation while they breached more often.
+utilisation while they breached more often. Bursts shorter than an evaluation that breach at prefill
+again and again (:func:`recurring_burst`) keep the replicas that compute one within an evaluation
+interval.
 """
 
 from __future__ import annotations
