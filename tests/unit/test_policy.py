@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -852,6 +853,30 @@ def test_a_prefill_pool_caught_out_by_returning_traffic_keeps_the_level_it_retur
     assert state.prefill_fell_behind == (now - 1800.0,)  # remembered for an hour
     _, later = run(replace(o, time=now + 1900.0), policy, state=state, bounds=MB_BOUNDS)
     assert later.prefill_fell_behind == ()
+
+
+def test_a_cold_start_drains_the_backlog_the_queue_will_hold_when_new_replicas_serve() -> None:
+    # the first evaluation: no queue history, 60 requests queued at 2 prefill replicas that compute about
+    # 21 req/s of 4000-token prompts while 60 arrive. The queue grows by the difference until replicas
+    # asked for now are ready; that backlog, not today's 60, is what they must drain
+    from disagg.policy.model_based import startup_horizon_s
+
+    policy = spec(algorithm="model-based", **FREE)
+    o = obs(t=30.0, p=2, d=2, rate=60.0, prompt=4000.0, output=200.0, ttft=5.0)
+    o = replace(o, prefill=replace(o.prefill, queue_depth=Measured.of(60.0)))
+    d, _ = run(o, policy, bounds=MB_BOUNDS)
+    said = " ".join(r.message for r in d.reasons if r.role == "prefill")
+    match = re.search(r"backlog of 60 \((\d+) once replicas asked for now serve\) drains at ([0-9.]+)", said)
+    assert match is not None, said
+    grown, rate = float(match.group(1)), float(match.group(2))
+    lookahead = float(policy.model_based.lookahead_seconds)
+    assert 60.0 + 30.0 * lookahead < grown < 60.0 + 60.0 * lookahead
+    assert rate == pytest.approx(grown / startup_horizon_s(policy, MB_BOUNDS), rel=0.01)
+    # arrivals the ready replicas keep up with grow nothing: the queue is all there is
+    calm = replace(o, request_rate=Measured.of(10.0))
+    d, _ = run(calm, policy, bounds=MB_BOUNDS)
+    said = " ".join(r.message for r in d.reasons if r.role == "prefill")
+    assert "backlog of 60 drains at" in said
 
 
 def test_a_recurring_burst_is_measured_in_prompt_tokens_above_the_usual_level() -> None:

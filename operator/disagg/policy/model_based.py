@@ -623,7 +623,11 @@ def model_based_proposal(
     drain_s = max(BURST_DRAIN_INTERVALS * policy.evaluation_interval_seconds, ttft_t)
     horizon = startup_horizon_s(policy, bounds)
     startup = bounds.prefill.startup_seconds
-    backlog = queued + outrun * (float(mb.lookahead_seconds) if startup is None else startup)
+    # with no queue history yet (a cold start), the model says how fast the queue grows: arrivals beyond
+    # what the ready replicas compute at full batches, until replicas asked for now are ready
+    deficit = max(rate - obs.prefill.ready / service.mean_s, 0.0)
+    growth = max(outrun, deficit)
+    backlog = queued + growth * (float(mb.lookahead_seconds) if startup is None else startup)
     backlog_rate = backlog / horizon if queued > max(obs.prefill.ready, 1) else 0.0
 
     wait_scale = queue_correction(obs, service, latency_at, policy, state, decode_first)
@@ -755,7 +759,8 @@ def model_based_proposal(
         f"output {out:.0f} tokens, utilisation {util:.2f}"
         + (f" ({spend:.0%} of recent evaluations breached)" if spend is not None else "")
     )
-    drain = f"; backlog of {queued:.0f} drains at {backlog_rate:.2f} req/s" if backlog_rate else ""
+    grown = f" ({backlog:.0f} once replicas asked for now serve)" if backlog > queued + 0.5 else ""
+    drain = f"; backlog of {queued:.0f}{grown} drains at {backlog_rate:.2f} req/s" if backlog_rate else ""
     if burst_extra:
         drain += (
             f"; recurring bursts of {burst:.3g} prompt tokens keep {burst_extra} replica(s) to compute "
