@@ -474,7 +474,11 @@ def test_batched_prefill_work_comes_from_the_latency_model_when_the_profile_is_k
 
 
 def test_flapping_pool_earns_a_longer_scale_down_window() -> None:
-    policy = spec(scaleDown={"stabilizationWindowSeconds": 120, "maxStep": {"prefill": 1, "decode": 1}})
+    # the reversal budget lifted (it would hold the second shrink on its own: see the tests below)
+    policy = spec(
+        scaleDown={"stabilizationWindowSeconds": 120, "maxStep": {"prefill": 1, "decode": 1}},
+        maxReversalsPerHour=120,
+    )
     quiet: dict[str, Any] = {"ttft": 0.25, "rate": 1.0, "queue": 0.0, "prefill_time": 0.1, "prompt": 10000.0}
     busy: dict[str, Any] = {"ttft": 3.0, "rate": 1.0, "queue": 2.5, "prefill_time": 0.3, "prompt": 10000.0}
     state = PolicyState(recommendations=(Recommendation(-1000.0, 3, 4),))
@@ -490,6 +494,67 @@ def test_flapping_pool_earns_a_longer_scale_down_window() -> None:
     assert "FlapDamping" in codes(d)
     d, state = run(obs(t=270.0, p=3, **quiet), policy, state)
     assert d.prefill == 2
+
+
+QUIET: dict[str, Any] = {"ttft": 0.25, "rate": 1.0, "queue": 0.0, "prefill_time": 0.1, "prompt": 10000.0}
+BUSY: dict[str, Any] = {"ttft": 3.0, "rate": 1.0, "queue": 2.5, "prefill_time": 0.3, "prompt": 10000.0}
+
+
+def test_a_shrink_waits_while_it_and_the_growth_that_may_follow_would_pass_the_reversal_budget() -> None:
+    policy = spec(**FREE)  # maxReversalsPerHour: 2 (the default)
+    assert policy.max_reversals_per_hour == 2
+    old = (Recommendation(-1000.0, 3, 4),)
+    # prefill grew last (t=-100) and already reversed once within the hour (t=-2000)
+    grew = PolicyState(
+        recommendations=old, last_scale_up={"prefill": -100.0}, last_scale_down={"prefill": -900.0}
+    )
+    once = replace(grew, reversals={"prefill": (-2000.0,)})
+    free, _ = run(obs(t=0.0, p=3, **QUIET), policy, grew)
+    assert free.prefill < 3  # no reversal yet: the shrink and a regrowth fit in 2
+    held, state = run(obs(t=0.0, p=3, **QUIET), policy, once)
+    assert held.prefill == 3
+    assert "ReversalBudget" in codes(held)
+    why = next(r.message for r in held.reasons if r.code == "ReversalBudget")
+    assert (
+        "prefill held at 3" in why and "1 direction reversal(s)" in why and "maxReversalsPerHour (2)" in why
+    )
+    # the reversal ages out of the hour: the shrink goes ahead, and is recorded as a reversal
+    later, state = run(obs(t=1700.0, p=3, **QUIET), policy, replace(once, recommendations=()))
+    assert later.prefill < 3 and "ReversalBudget" not in codes(later)
+    assert state.reversals["prefill"] == (1700.0,)
+    # growth never waits, and a growth after that shrink is the second reversal
+    grown, state = run(obs(t=1730.0, p=later.prefill, **BUSY), policy, state)
+    assert grown.prefill > later.prefill
+    assert state.reversals["prefill"] == (1700.0, 1730.0)
+    # a higher budget lets the held shrink through
+    roomy, _ = run(obs(t=0.0, p=3, **QUIET), spec(**FREE, maxReversalsPerHour=3), once)
+    assert roomy.prefill < 3
+
+
+def test_a_shrink_that_continues_a_shrink_is_no_reversal_and_never_waits() -> None:
+    policy = spec(**FREE)
+    shrinking = PolicyState(
+        recommendations=(Recommendation(-1000.0, 3, 4),),
+        last_scale_up={"prefill": -900.0},
+        last_scale_down={"prefill": -100.0},
+        reversals={"prefill": (-1500.0, -100.0)},  # the budget is spent
+    )
+    d, state = run(obs(t=0.0, p=3, **QUIET), policy, shrinking)
+    assert d.prefill < 3 and "ReversalBudget" not in codes(d)
+    assert state.reversals["prefill"] == (-1500.0, -100.0)
+
+
+def test_the_reversal_budget_holds_only_shrinks_that_reverse_a_growth() -> None:
+    from disagg.policy.engine import reversal_hold
+
+    policy = spec(**FREE)
+    grew = PolicyState(last_scale_up={"decode": 50.0}, last_scale_down={"decode": 10.0})
+    assert reversal_hold("decode", 5, 4, grew, (), policy) is None  # the shrink and a regrowth fit in 2
+    assert reversal_hold("decode", 5, 4, grew, (20.0,), policy) is not None
+    assert reversal_hold("decode", 5, 6, grew, (20.0, 40.0), policy) is None  # growth never waits
+    assert reversal_hold("decode", 5, 5, grew, (20.0, 40.0), policy) is None
+    fresh = PolicyState()  # no move yet: the first shrink reverses nothing
+    assert reversal_hold("decode", 5, 4, fresh, (20.0, 40.0), policy) is None
 
 
 def test_shrink_is_anchored_on_the_observed_ttft() -> None:

@@ -25,6 +25,7 @@ def _state(now: float = NOW) -> PolicyState:
         load_history=tuple((now - 15.0 * i, 10.0 + i / 7) for i in range(40, -1, -1)),
         work_history=tuple((now - 15.0 * i, 20_000.0 + 37 * i, 3_000.0 - i) for i in range(40, -1, -1)),
         flaps={"decode": (now - 900.0, now - 300.0)},
+        reversals={"prefill": (now - 3000.0, now - 600.0), "decode": (now - 300.0,)},
         prefill_fell_behind=(now - 1200.0,),
         prefill_peaks=((now - 900.0, 61_000.0), (now - 600.0, 58_500.0)),
         decode_load=tuple((now - 30.0 * i, 1.5 + i / 10, 40.0 + i, 5e5 + i) for i in range(10, -1, -1)),
@@ -48,6 +49,7 @@ def test_round_trip_keeps_history_corrections_spend_and_moves() -> None:
     assert restored.last_scale_up == {"decode": round(NOW - 120.4)}
     assert restored.last_scale_down == {"prefill": NOW - 600.0}
     assert restored.flaps == {"decode": (NOW - 900.0, NOW - 300.0)}
+    assert restored.reversals == {"prefill": (NOW - 3000.0, NOW - 600.0), "decode": (NOW - 300.0,)}
     assert restored.prefill_fell_behind == (NOW - 1200.0,)
     assert restored.prefill_peaks == ((NOW - 900.0, 61_000.0), (NOW - 600.0, 58_500.0))
     assert len(restored.decode_load) == len(state.decode_load)
@@ -116,6 +118,7 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     ]
     memory["correction"] = {**memory["correction"], "nan": float("nan"), "neg": -1.0, "s": "1.0", "": 1.0}
     memory["flaps"] = {"decode": [NOW - 10.0, "soon"], "prefill": "often", "gpu": None}
+    memory["reversals"] = {"prefill": [NOW - 20.0, None, NOW + 1e6], "decode": {"t": NOW}}
     memory["lastScaleUp"] = {"decode": "yesterday", "prefill": NOW - 50.0}
     memory["lastScaleDown"] = ["decode", NOW]
     memory["sloSpend"] = "lots"
@@ -130,6 +133,7 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     assert len(restored.decode_load) == 2
     assert restored.correction == {"prefill": 1.25, "decode": 0.8, "prefill-wait": 1.1}
     assert restored.flaps == {"decode": (NOW - 10.0,)}
+    assert restored.reversals == {"prefill": (NOW - 20.0,)}
     assert restored.last_scale_up == {"prefill": NOW - 50.0}
     assert restored.last_scale_down == {}
     assert restored.slo_spend is None

@@ -271,6 +271,15 @@ class RatioPolicySpec(ApiModel):
         default_factory=_default_scale_down,
         description="Scale-down stabilisation window and per-step cap (slow down).",
     )
+    max_reversals_per_hour: int = Field(
+        default=2,
+        ge=2,
+        le=120,
+        description="Most direction changes (a shrink after a growth, a growth after a shrink) a pool may "
+        "make within an hour: a shrink that reverses a growth waits while it and the growth that may follow "
+        "it would exceed this; growth never waits. "
+        "120 (one per evaluation at the default interval) lifts the limit.",
+    )
     tolerance: float = Field(
         default=0.1,
         ge=0.0,

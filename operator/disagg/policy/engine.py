@@ -92,6 +92,44 @@ class FlapDamping:
 
 DAMPING = FlapDamping()
 
+# the span over which a pool's direction reversals (a shrink after a growth, a growth after a shrink)
+# are counted against RatioPolicy.maxReversalsPerHour
+REVERSAL_SPAN_S = 3600.0
+
+
+def reversal_hold(
+    role: Role,
+    current: int,
+    target: int,
+    state: PolicyState,
+    recent: tuple[float, ...],
+    policy: RatioPolicySpec,
+) -> Reason | None:
+    """Why a shrink must wait for the reversal budget, or None when it may go ahead.
+
+    A pool that last grew and now shrinks reverses its direction; if the load comes back, the growth
+    that follows is a second reversal. The shrink waits while those two on top of the ``recent``
+    reversals within the hour would pass ``maxReversalsPerHour``. Growth never waits (the SLO comes
+    first), and only a growth can follow a held shrink, so a pool never passes the limit.
+
+    Seen on traffic that switches between regimes (validation set): decode shrank to one replica
+    between two chat phases and met the second with a start-up and a queue; a pool that has already
+    turned within the hour holds its size until that turn ages out, and meets the return ready."""
+    if target >= current:
+        return None
+    if state.last_scale_up.get(role, -math.inf) <= state.last_scale_down.get(role, -math.inf):
+        return None  # the last move was a shrink (or there was none): no reversal
+    limit = policy.max_reversals_per_hour
+    if len(recent) + 2 <= limit:
+        return None
+    return Reason(
+        "ReversalBudget",
+        f"{role} held at {current} (wants {target}): {len(recent)} direction reversal(s) within the last "
+        f"{REVERSAL_SPAN_S / 60:.0f} minutes, and a shrink now with the growth that may follow it would "
+        f"pass maxReversalsPerHour ({limit})",
+        role,
+    )
+
 
 def propose(
     obs: Observation, policy: RatioPolicySpec, state: PolicyState, now: float, bounds: Bounds
@@ -426,6 +464,13 @@ def decide(
             machine_reasons.append(Reason("StepCapped", f"{role} step limited to {capped - cur:+d}", role))
         targets[role] = rb.clamp(capped)
 
+    reversals = {r: tuple(t for t in state.reversals.get(r, ()) if now - t < REVERSAL_SPAN_S) for r in ROLES}
+    for role in ROLES:
+        held = reversal_hold(role, current[role], targets[role], state, reversals[role], policy)
+        if held is not None:
+            machine_reasons.append(held)
+            targets[role] = current[role]
+
     limited, since = learn_ceiling(observation, policy, state, now, bounds, pending_grace_s)
     for role in ROLES:
         if role in limited and targets[role] > limited[role]:
@@ -448,6 +493,13 @@ def decide(
     last_up, last_down = dict(state.last_scale_up), dict(state.last_scale_down)
     memory = damping.memory_s(windows[1])
     for role in ROLES:
+        if targets[role] != current[role]:
+            grew_last = last_up.get(role, -math.inf) > last_down.get(role, -math.inf)
+            shrank_last = last_down.get(role, -math.inf) > last_up.get(role, -math.inf)
+            if (targets[role] < current[role] and grew_last) or (
+                targets[role] > current[role] and shrank_last
+            ):
+                reversals[role] = (*reversals[role], now)
         if targets[role] > current[role]:
             shrunk = last_down.get(role)
             if shrunk is not None and now - shrunk <= windows[1] + 2 * policy.evaluation_interval_seconds:
@@ -500,6 +552,7 @@ def decide(
         prefill_peaks=peaks,
         decode_load=decode_load,
         flaps={r: kept for r in ROLES if (kept := tuple(t for t in flaps[r] if now - t <= memory))},
+        reversals={r: reversals[r] for r in ROLES if reversals[r]},
     )
     decision = Decision(
         time=now,

@@ -70,7 +70,6 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
     ][-MAX_SAMPLES:]
     work = _samples(state.work_history, now)[-MAX_SAMPLES:]
     correction = {k: v for k in _keys(state.correction) if (v := _finite(state.correction[k])) is not None}
-    flaps = {k: kept for k in _keys(state.flaps) if (kept := _recent(state.flaps[k], now)[-MAX_FLAPS:])}
     return {
         "version": VERSION,
         "savedAt": _time(now),
@@ -78,13 +77,19 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "workHistory": work,
         "correction": correction,
         "sloSpend": _finite(state.slo_spend),
-        "flaps": flaps,
+        "flaps": _role_times(state.flaps, now),
+        "reversals": _role_times(state.reversals, now),
         "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
         "decodeLoad": _samples(state.decode_load, now)[-MAX_SAMPLES:],
         "prefillPeaks": _samples(state.prefill_peaks, now)[-MAX_SAMPLES:],
         "lastScaleUp": _times(state.last_scale_up, now),
         "lastScaleDown": _times(state.last_scale_down, now),
     }
+
+
+def _role_times(times: Mapping[str, tuple[float, ...]], now: float) -> dict[str, list[int]]:
+    """Per role, the newest MAX_FLAPS times still within MAX_AGE_S."""
+    return {k: kept for k in _keys(times) if (kept := _recent(times[k], now)[-MAX_FLAPS:])}
 
 
 def _samples(samples: Any, now: float) -> list[list[float]]:
@@ -147,14 +152,6 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         k: v for k in _keys(correction_in) if (v := _finite(correction_in[k])) is not None and v > 0
     }
     spend = _finite(data.get("sloSpend"))
-    flaps_in = _mapping(data.get("flaps"))
-    flaps: dict[str, tuple[float, ...]] = {}
-    for k in _keys(flaps_in):
-        raw = flaps_in[k]
-        restored = (_restore_time(v, now) for v in (raw if isinstance(raw, list) else ()))
-        times = sorted(t for t in restored if t is not None)
-        if times:
-            flaps[k] = tuple(times[-MAX_FLAPS:])
     raw_episodes = data.get("prefillFellBehind")
     restored_episodes = (
         _restore_time(v, now) for v in (raw_episodes if isinstance(raw_episodes, list) else ())
@@ -170,10 +167,24 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,
         slo_spend=min(max(spend, 0.0), 1.0) if spend is not None else None,
-        flaps=flaps,
+        flaps=_restore_role_times(data.get("flaps"), now),
+        reversals=_restore_role_times(data.get("reversals"), now),
         last_scale_up=_restore_times(data.get("lastScaleUp"), now),
         last_scale_down=_restore_times(data.get("lastScaleDown"), now),
     )
+
+
+def _restore_role_times(value: Any, now: float) -> dict[str, tuple[float, ...]]:
+    """Per role, the times restored (oldest first, the newest MAX_FLAPS); garbled ones dropped."""
+    d = _mapping(value)
+    out: dict[str, tuple[float, ...]] = {}
+    for k in _keys(d):
+        raw = d[k]
+        restored = (_restore_time(v, now) for v in (raw if isinstance(raw, list) else ()))
+        times = sorted(t for t in restored if t is not None)
+        if times:
+            out[k] = tuple(times[-MAX_FLAPS:])
+    return out
 
 
 def _restore_times(value: Any, now: float) -> dict[str, float]:

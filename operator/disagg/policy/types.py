@@ -176,6 +176,8 @@ class PolicyState:
     flaps: dict[str, tuple[float, ...]] = field(
         default_factory=dict
     )  # role -> times it grew back after a shrink
+    # role -> times within the last hour its size changed against its previous change (see engine)
+    reversals: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # model-based: the share of recent evaluations whose latencies breached the SLO (an exponential
     # average); the error budget the sizing may spend (see disagg.policy.model_based.budget_utilization)
     slo_spend: float | None = None
