@@ -920,6 +920,21 @@ def test_a_prefill_pool_caught_out_by_returning_traffic_keeps_the_level_it_retur
     assert later.prefill_fell_behind == ()
 
 
+def test_decode_keeps_the_output_work_a_returning_regime_brings_back() -> None:
+    # chat's long answers (40 req/s x 400 tokens: 16k output tokens/s) for most of the last hour, code's
+    # short ones (2k tokens/s) for the last ten minutes. Where traffic has already switched regimes and
+    # come back (prefill was caught out within the hour), decode keeps what the hour's busier output
+    # work needs instead of shrinking to the code phase's need; otherwise it shrinks
+    policy = spec(algorithm="model-based", **FREE)
+    now = 3600.0
+    o = obs(t=now, p=2, d=8, rate=40.0, prompt=1000.0, output=50.0, ttft=0.4, itl=0.02, running=20.0, kv=0.1)
+    work = tuple((now - 30.0 * i, 40_000.0, 16_000.0 if i > 20 else 2_000.0) for i in range(110, 0, -1))
+    calm = PolicyState(work_history=work, load_history=tuple((t, 40.0) for t, _, _ in work))
+    shrunk, _ = run(o, policy, state=calm, bounds=MB_BOUNDS)
+    kept, _ = run(o, policy, state=replace(calm, prefill_fell_behind=(now - 1800.0,)), bounds=MB_BOUNDS)
+    assert shrunk.decode < kept.decode <= 8
+
+
 def test_a_cold_start_drains_the_backlog_the_queue_will_hold_when_new_replicas_serve() -> None:
     # the first evaluation: no queue history, 60 requests queued at 2 prefill replicas that compute about
     # 21 req/s of 4000-token prompts while 60 arrive. The queue grows by the difference until replicas

@@ -84,10 +84,11 @@ MIN_UTILIZATION = 0.5
 LIGHT_LOAD_SHARING = 0.25
 MAX_PREFIX_HIT = 0.95
 # a prefill pool that arrivals outran within the last RECURRENCE_S keeps what the span's busier work
-# needs (its RECURRENCE_QUANTILE quantile): traffic that switches between regimes (chat <-> code <->
-# documents) returns to levels it has visited, and a pool shrunk in between meets each return with a
-# start-up and a backlog. A quantile, not the peak: the window's work is noisy with heavy-tailed prompts.
-# Requiring two such episodes instead of one had no effect within one-hour traces (training families)
+# needs (its RECURRENCE_QUANTILE quantile), and so does decode (the span's busier output work): traffic
+# that switches between regimes (chat <-> code <-> documents) returns to levels it has visited, and a
+# pool shrunk in between meets each return with a start-up and a backlog. A quantile, not the peak: the
+# window's work is noisy with heavy-tailed prompts. Requiring two such episodes instead of one had no
+# effect within one-hour traces (training families)
 RECURRENCE_S = 3600.0
 RECURRENCE_QUANTILE = 0.8
 # bursts that recur: a prefill-side breach whose window brought at least PEAK_RATIO times the hour's
@@ -333,10 +334,11 @@ def queue_growth_rate(samples: Sequence[tuple[float, float]], now: float, queued
     return (q1 - q0) / (t1 - t0)
 
 
-def recurring_level(state: PolicyState, now: float, per_request: float) -> float:
-    """The prefill work the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
-    samples), in requests/s at today's computed prompt length."""
-    hour = sorted(w[1] for w in state.work_history if now - w[0] <= RECURRENCE_S)
+def recurring_level(state: PolicyState, now: float, per_request: float, role: Role = "prefill") -> float:
+    """The pool's work the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
+    samples), in requests/s at today's computed prompt length (prefill) or output length (decode)."""
+    column = 1 if role == "prefill" else 2
+    hour = sorted(w[column] for w in state.work_history if now - w[0] <= RECURRENCE_S)
     if not hour:
         return 0.0
     return hour[min(int(RECURRENCE_QUANTILE * len(hour)), len(hour) - 1)] / per_request
@@ -613,6 +615,10 @@ def model_based_proposal(
     if fell_behind or any(now - t <= RECURRENCE_S for t in state.prefill_fell_behind):
         level = recurring_level(state, now, computed)
         pp = replace(pp, keep=max(pp.keep, level))
+        # decode too: a regime that returns brings its answers back with its prompts (seen on the
+        # validation set: decode shrank to one replica while code traffic's short answers ran, and the
+        # chat that returned at 2,700 s lost 57% of its 5-minute window)
+        dp = replace(dp, keep=max(dp.keep, recurring_level(state, now, max(out, 1.0), "decode")))
     if outrun > 0:
         # a queue this long keeps the ready replicas computing at their capacity: arrivals are that
         # plus the growth (the window's average rate lags a shift by half its span)
