@@ -227,6 +227,7 @@ POLICY_INT_FIELDS: tuple[Path_, ...] = (
     ("spec", "evaluationIntervalSeconds"),
     ("spec", "metricWindowSeconds"),
     ("spec", "pendingBackoffSeconds"),
+    ("spec", "maxReversalsPerHour"),
     ("spec", "scaleUp", "stabilizationWindowSeconds"),
     ("spec", "scaleDown", "stabilizationWindowSeconds"),
     ("spec", "scaleUp", "maxStep", "prefill"),

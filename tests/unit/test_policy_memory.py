@@ -139,6 +139,16 @@ def test_garbled_entries_are_skipped_and_lose_nothing_else() -> None:
     assert restored.slo_spend is None
 
 
+def test_a_restart_keeps_as_many_reversals_as_the_largest_budget_counts() -> None:
+    from disagg.api.ratiopolicy import MAX_REVERSALS_PER_HOUR
+
+    # a pool that reversed at every evaluation for an hour: a budget up to the API's largest must still
+    # read it as spent after a restart (the flap memory's 16 would read 120 reversals as 16)
+    times = tuple(NOW - 30.0 * i for i in range(MAX_REVERSALS_PER_HOUR + 5, 0, -1))
+    restored = from_memory(to_memory(PolicyState(reversals={"prefill": times}), NOW), NOW)
+    assert restored.reversals["prefill"] == times[-MAX_REVERSALS_PER_HOUR:]
+
+
 def test_size_is_bounded_and_the_newest_samples_are_kept() -> None:
     state = PolicyState(
         load_history=tuple((NOW - 3599.0 + i * 3.0, 1234.56789 + i) for i in range(1200)),

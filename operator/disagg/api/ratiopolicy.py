@@ -218,6 +218,11 @@ class FeedbackSettings(ApiModel):
     )
 
 
+# the highest maxReversalsPerHour: one reversal per evaluation at the default 30 s interval, no limit in
+# practice
+MAX_REVERSALS_PER_HOUR = 120
+
+
 class RatioPolicySpec(ApiModel):
     """Desired behaviour of the ratio control loop."""
 
@@ -274,7 +279,7 @@ class RatioPolicySpec(ApiModel):
     max_reversals_per_hour: int = Field(
         default=2,
         ge=2,
-        le=120,
+        le=MAX_REVERSALS_PER_HOUR,
         description="Most direction changes (a shrink after a growth, a growth after a shrink) a pool may "
         "make within an hour: a shrink that reverses a growth waits while it and the growth that may follow "
         "it would exceed this; growth never waits. "

@@ -97,6 +97,12 @@ DAMPING = FlapDamping()
 REVERSAL_SPAN_S = 3600.0
 
 
+def last_move(state_up: dict[str, float], state_down: dict[str, float], role: Role) -> int:
+    """The direction of the pool's last change: +1 grew, -1 shrank, 0 never moved."""
+    up, down = state_up.get(role, -math.inf), state_down.get(role, -math.inf)
+    return 0 if up == down else (1 if up > down else -1)
+
+
 def reversal_hold(
     role: Role,
     current: int,
@@ -117,7 +123,7 @@ def reversal_hold(
     turned within the hour holds its size until that turn ages out, and meets the return ready."""
     if target >= current:
         return None
-    if state.last_scale_up.get(role, -math.inf) <= state.last_scale_down.get(role, -math.inf):
+    if last_move(state.last_scale_up, state.last_scale_down, role) != 1:
         return None  # the last move was a shrink (or there was none): no reversal
     limit = policy.max_reversals_per_hour
     if len(recent) + 2 <= limit:
@@ -493,13 +499,9 @@ def decide(
     last_up, last_down = dict(state.last_scale_up), dict(state.last_scale_down)
     memory = damping.memory_s(windows[1])
     for role in ROLES:
-        if targets[role] != current[role]:
-            grew_last = last_up.get(role, -math.inf) > last_down.get(role, -math.inf)
-            shrank_last = last_down.get(role, -math.inf) > last_up.get(role, -math.inf)
-            if (targets[role] < current[role] and grew_last) or (
-                targets[role] > current[role] and shrank_last
-            ):
-                reversals[role] = (*reversals[role], now)
+        move = (targets[role] > current[role]) - (targets[role] < current[role])
+        if move and move == -last_move(last_up, last_down, role):
+            reversals[role] = (*reversals[role], now)
         if targets[role] > current[role]:
             shrunk = last_down.get(role)
             if shrunk is not None and now - shrunk <= windows[1] + 2 * policy.evaluation_interval_seconds:

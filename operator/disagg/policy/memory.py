@@ -25,12 +25,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from disagg.api.ratiopolicy import MAX_REVERSALS_PER_HOUR
 from disagg.policy.types import PolicyState
 
 VERSION = 1
 MAX_AGE_S = 3600.0  # the API's longest stabilisation window: nothing older still matters
 MAX_SAMPLES = 120  # load_history and work_history samples kept (newest)
 MAX_FLAPS = 16  # flap times kept per role (newest)
+# reversal times kept per role (newest): as many as RatioPolicy.maxReversalsPerHour may allow, so a
+# restart never reads a spent budget as a fresh one
+MAX_REVERSALS = MAX_REVERSALS_PER_HOUR
 MAX_KEYS = 16  # entries kept in each per-role/per-name dict (roles, correction names)
 MAX_KEY_LENGTH = 63
 CLOCK_SKEW_S = 60.0  # times up to this far ahead of now are read as now, beyond it they are dropped
@@ -77,8 +81,8 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
         "workHistory": work,
         "correction": correction,
         "sloSpend": _finite(state.slo_spend),
-        "flaps": _role_times(state.flaps, now),
-        "reversals": _role_times(state.reversals, now),
+        "flaps": _role_times(state.flaps, now, MAX_FLAPS),
+        "reversals": _role_times(state.reversals, now, MAX_REVERSALS),
         "prefillFellBehind": _recent(state.prefill_fell_behind, now)[-MAX_FLAPS:],
         "decodeLoad": _samples(state.decode_load, now)[-MAX_SAMPLES:],
         "prefillPeaks": _samples(state.prefill_peaks, now)[-MAX_SAMPLES:],
@@ -87,9 +91,9 @@ def to_memory(state: PolicyState, now: float) -> dict[str, Any]:
     }
 
 
-def _role_times(times: Mapping[str, tuple[float, ...]], now: float) -> dict[str, list[int]]:
-    """Per role, the newest MAX_FLAPS times still within MAX_AGE_S."""
-    return {k: kept for k in _keys(times) if (kept := _recent(times[k], now)[-MAX_FLAPS:])}
+def _role_times(times: Mapping[str, tuple[float, ...]], now: float, keep: int) -> dict[str, list[int]]:
+    """Per role, the newest ``keep`` times still within MAX_AGE_S."""
+    return {k: kept for k in _keys(times) if (kept := _recent(times[k], now)[-keep:])}
 
 
 def _samples(samples: Any, now: float) -> list[list[float]]:
@@ -152,11 +156,7 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         k: v for k in _keys(correction_in) if (v := _finite(correction_in[k])) is not None and v > 0
     }
     spend = _finite(data.get("sloSpend"))
-    raw_episodes = data.get("prefillFellBehind")
-    restored_episodes = (
-        _restore_time(v, now) for v in (raw_episodes if isinstance(raw_episodes, list) else ())
-    )
-    episodes = sorted(t for t in restored_episodes if t is not None)[-MAX_FLAPS:]
+    episodes = _restore_time_list(data.get("prefillFellBehind"), now)[-MAX_FLAPS:]
     decode_load = [(t, kv, run, fp) for t, kv, run, fp in _restore_samples(data.get("decodeLoad"), now, 4)]
     peaks = [(t, w) for t, w in _restore_samples(data.get("prefillPeaks"), now, 2)]
     return PolicyState(
@@ -167,24 +167,23 @@ def _from_memory(data: Mapping[str, Any] | None, now: float) -> PolicyState:
         work_history=tuple(work[-MAX_SAMPLES:]),
         correction=correction,
         slo_spend=min(max(spend, 0.0), 1.0) if spend is not None else None,
-        flaps=_restore_role_times(data.get("flaps"), now),
-        reversals=_restore_role_times(data.get("reversals"), now),
+        flaps=_restore_role_times(data.get("flaps"), now, MAX_FLAPS),
+        reversals=_restore_role_times(data.get("reversals"), now, MAX_REVERSALS),
         last_scale_up=_restore_times(data.get("lastScaleUp"), now),
         last_scale_down=_restore_times(data.get("lastScaleDown"), now),
     )
 
 
-def _restore_role_times(value: Any, now: float) -> dict[str, tuple[float, ...]]:
-    """Per role, the times restored (oldest first, the newest MAX_FLAPS); garbled ones dropped."""
+def _restore_time_list(value: Any, now: float) -> list[float]:
+    """A stored list of times, oldest first; garbled, too old or future ones dropped."""
+    restored = (_restore_time(v, now) for v in (value if isinstance(value, list) else ()))
+    return sorted(t for t in restored if t is not None)
+
+
+def _restore_role_times(value: Any, now: float, keep: int) -> dict[str, tuple[float, ...]]:
+    """Per role, the newest ``keep`` times restored (oldest first); garbled ones dropped."""
     d = _mapping(value)
-    out: dict[str, tuple[float, ...]] = {}
-    for k in _keys(d):
-        raw = d[k]
-        restored = (_restore_time(v, now) for v in (raw if isinstance(raw, list) else ()))
-        times = sorted(t for t in restored if t is not None)
-        if times:
-            out[k] = tuple(times[-MAX_FLAPS:])
-    return out
+    return {k: tuple(times[-keep:]) for k in _keys(d) if (times := _restore_time_list(d[k], now))}
 
 
 def _restore_times(value: Any, now: float) -> dict[str, float]:

@@ -263,7 +263,7 @@ def work_plan(
     In work, not requests: when chat turns into long documents the request rate falls while each
     request's prefill grows five-fold; the window's peak *rate* at the new length planned for a load
     that never came (seen: a mix shift grew prefill 8 -> 12 and decode 3 -> 7 on a falling rate)."""
-    column = 1 if role == "prefill" else 2
+    column = work_column(role)
     series = [(w[0], w[column]) for w in state.work_history]
     if not series:
         series = [(t, r * per_request) for t, r in state.load_history]
@@ -334,10 +334,16 @@ def queue_growth_rate(samples: Sequence[tuple[float, float]], now: float, queued
     return (q1 - q0) / (t1 - t0)
 
 
-def recurring_level(state: PolicyState, now: float, per_request: float, role: Role = "prefill") -> float:
+def work_column(role: Role) -> int:
+    """Where a PolicyState.work_history sample holds the pool's work: prompt tokens/s prefill computes,
+    output tokens/s decode generates."""
+    return 1 if role == "prefill" else 2
+
+
+def recurring_level(state: PolicyState, now: float, per_request: float, role: Role) -> float:
     """The pool's work the last hour spent its busier part at (RECURRENCE_QUANTILE of the work
     samples), in requests/s at today's computed prompt length (prefill) or output length (decode)."""
-    column = 1 if role == "prefill" else 2
+    column = work_column(role)
     hour = sorted(w[column] for w in state.work_history if now - w[0] <= RECURRENCE_S)
     if not hour:
         return 0.0
@@ -613,8 +619,7 @@ def model_based_proposal(
         outrun = 0.0
     fell_behind = outrun > 0
     if fell_behind or any(now - t <= RECURRENCE_S for t in state.prefill_fell_behind):
-        level = recurring_level(state, now, computed)
-        pp = replace(pp, keep=max(pp.keep, level))
+        pp = replace(pp, keep=max(pp.keep, recurring_level(state, now, computed, "prefill")))
         # decode too: a regime that returns brings its answers back with its prompts (seen on the
         # validation set: decode shrank to one replica while code traffic's short answers ran, and the
         # chat that returned at 2,700 s lost 57% of its 5-minute window)
