@@ -613,6 +613,128 @@ def target_check(rows: Sequence[Row], static: Row | None, schedule: Row | None) 
 RATIO_POLICIES = ("slo-feedback", "model-based", "fixed-ratio 1:1")
 
 
+# --- why a target was missed, from the decision log ---------------------------------------------------
+
+Schedule = Sequence[tuple[float, float, "tuple[int, int] | None"]]
+ROLES = ("prefill", "decode")
+WHY_WINDOWS = 2  # the lowest-attainment windows a missed attainment names
+
+
+def last_word(entry: Mapping[str, Any], role: str) -> str:
+    """The code of the last reason a decision gives for ``role``: the one that settled the pool's target
+    (a hold such as Stabilizing or ReversalBudget comes after the sizing it overrules)."""
+    codes = [r["code"] for r in entry.get("reasons", ()) if r.get("role") in (role, None)]
+    return codes[-1] if codes else "none"
+
+
+def scheduled(schedule: Schedule, t: float) -> tuple[int, int] | None:
+    """The hindsight schedule's allocation for the window holding ``t``."""
+    for start, span, alloc in schedule:
+        if start <= t < start + span:
+            return alloc
+    return None
+
+
+def excess_gpu_hours(
+    log: Sequence[Mapping[str, Any]], schedule: Schedule, tp: int, interval_s: float
+) -> dict[str, tuple[float, float, dict[str, float]]]:
+    """Per pool: GPU-hours its targets ran above and below the hindsight schedule's allocation for the
+    same window, the excess split by the reason code that had the last word at each evaluation. Each
+    decision's targets count until the next decision (the twin allocates a target at once and frees a
+    replica once it drains)."""
+    out: dict[str, tuple[float, float, dict[str, float]]] = {}
+    for idx, role in enumerate(ROLES):
+        above = below = 0.0
+        by_code: dict[str, float] = {}
+        for i, entry in enumerate(log):
+            t = float(entry["time"])
+            alloc = scheduled(schedule, t)
+            if alloc is None:
+                continue
+            end = float(log[i + 1]["time"]) if i + 1 < len(log) else t + interval_s
+            hours = tp * (end - t) / 3600.0
+            diff = int(entry["targets"][role]) - alloc[idx]
+            if diff > 0:
+                code = last_word(entry, role)
+                by_code[code] = by_code.get(code, 0.0) + diff * hours
+                above += diff * hours
+            else:
+                below -= diff * hours
+        out[role] = (above, below, by_code)
+    return out
+
+
+def window_attainment(
+    result: SimResult, case: TraceCase, schedule: Schedule
+) -> list[tuple[float, float, float]]:
+    """Per hindsight window: (start, span, share of its arrivals that met both targets)."""
+    met = result.met_ttft(case.ttft_slo_s) & result.met_itl(case.itl_slo_s)
+    out = []
+    for start, span, _ in schedule:
+        mask = (result.arrival >= start) & (result.arrival < start + span)
+        n = int(mask.sum())
+        if n:
+            out.append((start, span, float(met[mask].sum()) / n))
+    return out
+
+
+def _codes(entries: Sequence[Mapping[str, Any]], role: str) -> str:
+    counts: dict[str, int] = {}
+    for e in entries:
+        code = last_word(e, role)
+        counts[code] = counts.get(code, 0) + 1
+    return "/".join(c for c, _ in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def explain_misses(
+    name: str,
+    verdict_: Verdict,
+    log: Sequence[Mapping[str, Any]],
+    result: SimResult,
+    case: TraceCase,
+    setup: Setup,
+    schedule: Schedule,
+) -> list[str]:
+    """Why a ratio policy missed its targets, read from its decision log against the hindsight schedule:
+    for a GPU-hour miss, where its pools ran above the schedule and which reason held them there; for an
+    attainment miss, its worst windows with what each pool had, what the schedule gave it, and which
+    reason had the last word."""
+    misses = verdict_.misses()
+    if not misses or not log:
+        return []
+    lines = []
+    if any(m.startswith("GPU-h") for m in misses):
+        parts = []
+        for role, (above, below, by_code) in excess_gpu_hours(
+            log, schedule, setup.tp, setup.interval_s
+        ).items():
+            top = sorted(by_code.items(), key=lambda kv: -kv[1])
+            held = ", ".join(f"{code} {gpu_h:.1f}" for code, gpu_h in top)
+            parts.append(f"{role} +{above:.1f}/-{below:.1f}" + (f" ({held})" if held else ""))
+        lines.append(
+            f"  why {name}: GPU-h above/below the hindsight schedule, by last word: " + "; ".join(parts)
+        )
+    if "attainment" in misses:
+        worst = sorted(window_attainment(result, case, schedule), key=lambda w: w[2])[:WHY_WINDOWS]
+        for start, span, share in sorted(worst):
+            inside = [e for e in log if start <= float(e["time"]) < start + span]
+            alloc = scheduled(schedule, start)
+            pools = []
+            for idx, role in enumerate(ROLES):
+                had = [int(e["current"][role]) for e in inside]
+                sizes = (
+                    f"{min(had)}-{max(had)}"
+                    if had and min(had) != max(had)
+                    else (str(had[0]) if had else "?")
+                )
+                sched = f" (schedule {alloc[idx]})" if alloc is not None else ""
+                pools.append(f"{role} {sizes}{sched}, {_codes(inside, role) or 'none'}")
+            lines.append(
+                f"  why {name}: {start:.0f}-{start + span:.0f}s met {share:.0%}: " + "; ".join(pools)
+            )
+    return lines
+
+
 # --- one case -------------------------------------------------------------------------------------------
 
 
@@ -626,6 +748,8 @@ class CaseResult:
     schedule: dict[str, Row] = field(default_factory=dict)  # start -> schedule known ahead
     lines: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # start -> ratio policy -> why it missed its targets (explain_misses)
+    why: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def _slug(text: str) -> str:
@@ -703,6 +827,7 @@ def run_case(
             run_setup = replace(setup, start_prefill=first[0], start_decode=first[1])
         lines.append(f"  -- start {start}: {run_setup.start_prefill}P:{run_setup.start_decode}D")
         rows: list[Row] = []
+        runs: list[tuple[str, SimResult, list[Mapping[str, Any]]]] = []
         for name, make in controllers(case, run_setup).items():
             if only and name not in only:
                 continue
@@ -714,8 +839,10 @@ def run_case(
             rows.append(evaluate(name, result, case, run_setup, shift_t))
             lines.append(f"{fmt_row(rows[-1])}   ({time.perf_counter() - t0:.1f}s)")
             log = getattr(controller, "log", None)
-            if log_dir is not None and isinstance(log, list):
-                write_log(log_dir, case, start, name, log)
+            if isinstance(log, list):
+                runs.append((name, result, log))
+                if log_dir is not None:
+                    write_log(log_dir, case, start, name, log)
         if static is not None and out.static is None:
             result = setup.run(setup.deployment(*static), reqs)
             out.static = evaluate(f"best static {static[0]}P:{static[1]}D", result, case, setup, shift_t)
@@ -733,6 +860,14 @@ def run_case(
             out.schedule[start] = ref
             lines.append(f"{fmt_row(ref)}   (reference: the hindsight schedule, asked for start-up ahead)")
         lines.extend(target_check(rows, out.static, ref))
+        by_name = {r.name: r for r in rows}
+        for name, result, log in runs:
+            if name in RATIO_POLICIES:
+                why = explain_misses(
+                    name, verdict(by_name[name], out.static, ref), log, result, case, run_setup, schedule
+                )
+                out.why.setdefault(start, {})[name] = why
+                lines.extend(why)
         out.rows[start] = rows
     plan = ", ".join(f"{a[0]}P:{a[1]}D" if a else "none" for _, _, a in schedule)
     lines.append(
@@ -902,7 +1037,15 @@ def as_json(
             for start, rs_ in res.rows.items():
                 for r in rs_:
                     v = verdict(r, res.static, res.schedule.get(start))
-                    rows.append({"start": start, **asdict(r), "verdict": {**asdict(v), "misses": v.misses()}})
+                    why = res.why.get(start, {}).get(r.name, [])
+                    rows.append(
+                        {
+                            "start": start,
+                            **asdict(r),
+                            "verdict": {**asdict(v), "misses": v.misses()},
+                            "why": [line.strip() for line in why],
+                        }
+                    )
             cases.append(entry)
     return _jsonable(
         {
