@@ -624,7 +624,7 @@ def last_word(entry: Mapping[str, Any], role: str) -> str:
     """The code of the last reason a decision gives for ``role``: the one that settled the pool's target
     (a hold such as Stabilizing or ReversalBudget comes after the sizing it overrules)."""
     codes = [r["code"] for r in entry.get("reasons", ()) if r.get("role") in (role, None)]
-    return codes[-1] if codes else "none"
+    return codes[-1] if codes else "no reason"
 
 
 def scheduled(schedule: Schedule, t: float) -> tuple[int, int] | None:
@@ -678,6 +678,25 @@ def window_attainment(
     return out
 
 
+def busiest_reversals(
+    result: SimResult, span_s: float = 3600.0
+) -> tuple[str, list[tuple[float, int]]] | None:
+    """The pool and its reversals (time, new direction) within the ``span_s`` that holds most of them."""
+    found: dict[str, list[tuple[float, int]]] = {}
+    last: dict[str, int] = {}
+    for t, role, direction in _changes(result):
+        if role in last and last[role] != direction:
+            found.setdefault(role, []).append((t, direction))
+        last[role] = direction
+    best: tuple[str, list[tuple[float, int]]] | None = None
+    for role, revs in found.items():
+        for i, (t0, _) in enumerate(revs):
+            inside = [r for r in revs[i:] if r[0] - t0 < span_s]
+            if best is None or len(inside) > len(best[1]):
+                best = (role, inside)
+    return best
+
+
 def _codes(entries: Sequence[Mapping[str, Any]], role: str) -> str:
     counts: dict[str, int] = {}
     for e in entries:
@@ -708,7 +727,7 @@ def explain_misses(
         for role, (above, below, by_code) in excess_gpu_hours(
             log, schedule, setup.tp, setup.interval_s
         ).items():
-            top = sorted(by_code.items(), key=lambda kv: -kv[1])
+            top = [kv for kv in sorted(by_code.items(), key=lambda kv: -kv[1]) if kv[1] >= 0.05]
             held = ", ".join(f"{code} {gpu_h:.1f}" for code, gpu_h in top)
             parts.append(f"{role} +{above:.1f}/-{below:.1f}" + (f" ({held})" if held else ""))
         lines.append(
@@ -728,10 +747,20 @@ def explain_misses(
                     else (str(had[0]) if had else "?")
                 )
                 sched = f" (schedule {alloc[idx]})" if alloc is not None else ""
-                pools.append(f"{role} {sizes}{sched}, {_codes(inside, role) or 'none'}")
+                pools.append(f"{role} {sizes}{sched}, {_codes(inside, role) or 'no decision'}")
             lines.append(
                 f"  why {name}: {start:.0f}-{start + span:.0f}s met {share:.0%}: " + "; ".join(pools)
             )
+    busiest = busiest_reversals(result) if "reversals" in misses else None
+    if busiest is not None:
+        role, revs = busiest
+        at = {float(e["time"]): e for e in log}
+        moves = ", ".join(
+            f"{'up' if d > 0 else 'down'} at {t:.0f}s "
+            f"({last_word(at[t], role) if t in at else 'no decision'})"
+            for t, d in revs
+        )
+        lines.append(f"  why {name}: {role} reversed {len(revs)} times within an hour: {moves}")
     return lines
 
 

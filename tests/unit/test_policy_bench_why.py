@@ -39,7 +39,7 @@ def test_last_word_is_the_last_reason_for_the_pool(bench: ModuleType) -> None:
     )
     assert bench.last_word(e, "prefill") == "ReversalBudget"
     assert bench.last_word(e, "decode") == "ModelCapacity"
-    assert bench.last_word(entry(0, 1, 1), "decode") == "none"
+    assert bench.last_word(entry(0, 1, 1), "decode") == "no reason"
 
 
 def test_excess_is_split_by_the_code_that_held_the_pool(bench: ModuleType) -> None:
@@ -121,3 +121,30 @@ def test_an_attainment_miss_names_the_worst_windows(bench: ModuleType) -> None:
         )
         == []
     )
+
+
+def test_a_reversal_miss_names_the_moves_and_their_reasons(bench: ModuleType) -> None:
+    import numpy as np
+
+    # decode: 2 -> 3 (up), 3 -> 2 (a reversal), 2 -> 3 (another), 3 -> 2 (a third), all within an hour
+    moves = [(60.0, 3), (600.0, 2), (1200.0, 3), (1800.0, 2)]
+    result = SimpleNamespace(
+        decisions=[(t, {"decode": n}) for t, n in moves],
+        deployment=SimpleNamespace(decode=SimpleNamespace(replicas=2)),
+        arrival=np.array([1.0]),
+    )
+    log = [entry(t, 2, n, ("decode", "ModelCapacity" if n == 3 else "IdleShrink")) for t, n in moves]
+    assert bench.busiest_reversals(result) == ("decode", [(600.0, -1), (1200.0, 1), (1800.0, -1)])
+    lines = bench.explain_misses(
+        "slo-feedback",
+        bench.Verdict(None, None, None, 3),
+        log,
+        result,
+        SimpleNamespace(ttft_slo_s=2.0, itl_slo_s=0.05),
+        SimpleNamespace(tp=2, interval_s=30.0),
+        [],
+    )
+    assert lines == [
+        "  why slo-feedback: decode reversed 3 times within an hour: down at 600s (IdleShrink), "
+        "up at 1200s (ModelCapacity), down at 1800s (IdleShrink)"
+    ]
