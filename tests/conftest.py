@@ -8,16 +8,19 @@ saying so (they are never skipped).
 
 Fixtures: ``cluster`` (session ClusterInfo), ``kubeconfig`` (Path), ``k8s_api`` (kubernetes ApiClient),
 ``namespace`` (a fresh namespace per test, deleted after), ``prometheus_factory`` (start Prometheus with a
-config dict; stopped after the test). A failing test that used the cluster gets the end of every component's
-log attached to its report.
+config dict; stopped after the test), ``bench_module`` (load a script under bench/ as a module). A failing
+test that used the cluster gets the end of every component's log attached to its report.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -51,6 +54,24 @@ _BINARY_ERROR_KEY = pytest.StashKey[str]()
 _PROMETHEUS_KEY = pytest.StashKey[list[PrometheusProcess]]()
 _LOG_TAIL_BYTES = 4000
 _AUTO_MARKS = {"integration": "integration", "e2e": "e2e", "chaos": "chaos"}
+
+
+@pytest.fixture(scope="session")
+def bench_module() -> Callable[[str], ModuleType]:
+    """Load ``bench/<name>.py`` as the module ``name`` (the bench scripts are not a package), once."""
+    root = Path(__file__).resolve().parents[1]
+
+    def load(name: str) -> ModuleType:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, root / "bench" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses resolve their annotations through it
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -3,25 +3,16 @@ reason that had the last word on each pool, and a missed attainment names its wo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("policy_goodput", ROOT / "bench" / "policy_goodput.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["policy_goodput"] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
+def bench(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("policy_goodput")
 
 
 def entry(t: float, prefill: int, decode: int, *codes: tuple[str, str]) -> dict[str, Any]:

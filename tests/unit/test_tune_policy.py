@@ -3,26 +3,17 @@ summary counts the target misses policy_goodput.py's verdicts name."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
 import disagg.policy.model_based as model_based
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def tune() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tune_policy", ROOT / "bench" / "tune_policy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tune_policy"] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
+def tune(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("tune_policy")
 
 
 def test_overrides_merge_into_nested_fields(tune: ModuleType) -> None:
