@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from policy_goodput import (
     Verdict,
     case_sets,
     evaluate,
+    excess_gpu_hours,
     ratio_policy,
     references,
     verdict,
@@ -48,6 +49,8 @@ class Outcome:
     start: str
     attainment: float
     verdict: Verdict  # against the targets, as policy_goodput.py judges a run
+    # pool -> reason code -> GPU-hours above the hindsight schedule while that code had the last word
+    above: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 def _row(stored: Mapping[str, Any] | None) -> Row | None:
@@ -85,10 +88,27 @@ def run_one(args: tuple[TraceCase, str, str, dict[str, Any]]) -> Outcome:
     if start == "warm" and first:
         setup = replace(setup, start_prefill=first[0], start_decode=first[1])
     spec = ratio_policy(case, **_merge({"algorithm": "model-based"}, json.loads(overrides)))
-    result = setup.run(setup.deployment(), reqs, RatioController(spec, setup.bounds()))
+    controller = RatioController(spec, setup.bounds())
+    result = setup.run(setup.deployment(), reqs, controller)
     row = evaluate("model-based", result, case, setup, None)
     static, sched = _row(ref["best_static"]), _row((ref["schedule_known_ahead"] or {}).get(start))
-    return Outcome(case.name, start, row.attainment, verdict(row, static, sched))
+    excess = excess_gpu_hours(controller.log, schedule, setup.tp, setup.interval_s)
+    above = {role: by_code for role, (_, _, by_code) in excess.items()}
+    return Outcome(case.name, start, row.attainment, verdict(row, static, sched), above)
+
+
+def where_above(outcomes: Sequence[Outcome]) -> str:
+    """GPU-hours above the hindsight schedule over all runs, per pool, by the reason that held them
+    (policy_goodput.py's why lines, summed): which mechanism a candidate's GPU-hours went to."""
+    parts = []
+    for role in ("prefill", "decode"):
+        total: dict[str, float] = {}
+        for o in outcomes:
+            for code, gpu_h in o.above.get(role, {}).items():
+                total[code] = total.get(code, 0.0) + gpu_h
+        ranked = [f"{code} {gpu_h:.1f}" for code, gpu_h in sorted(total.items(), key=lambda kv: -kv[1])]
+        parts.append(f"{role} {sum(total.values()):.1f}" + (f" ({', '.join(ranked)})" if ranked else ""))
+    return "GPU-h above the schedule: " + "; ".join(parts)
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
@@ -134,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = [(c, s, cand, refs[c.name]) for c in cases for s in ("cold", "warm")]
         with ProcessPoolExecutor(args.jobs) as pool:
             outcomes = list(pool.map(run_one, jobs))
-        print(f"{cand}\n  {summary(outcomes)}", flush=True)
+        print(f"{cand}\n  {summary(outcomes)}\n  {where_above(outcomes)}", flush=True)
         if args.detail:
             for o in outcomes:
                 v = o.verdict

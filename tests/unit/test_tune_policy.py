@@ -50,3 +50,25 @@ def test_the_summary_counts_misses_as_the_bench_does(tune: ModuleType) -> None:
     assert "worst SLO  85.0%" in line
     assert "/static worst 1.20 mean 1.03" in line
     assert "misses 4 (1 attainment)" in line
+
+
+def test_where_above_sums_each_pools_excess_by_reason(tune: ModuleType) -> None:
+    outcomes = [
+        tune.Outcome(
+            "a",
+            "cold",
+            0.95,
+            tune.Verdict(True, 1.2, 1.3, 1),
+            {"prefill": {"ModelCapacity": 1.0, "Stabilizing": 0.5}, "decode": {}},
+        ),
+        tune.Outcome(
+            "a",
+            "warm",
+            0.95,
+            tune.Verdict(True, 1.1, 1.2, 1),
+            {"prefill": {"Stabilizing": 1.0}, "decode": {}},
+        ),
+    ]
+    assert tune.where_above(outcomes) == (
+        "GPU-h above the schedule: prefill 2.5 (Stabilizing 1.5, ModelCapacity 1.0); decode 0.0"
+    )
