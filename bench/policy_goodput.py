@@ -43,6 +43,7 @@ import math
 import multiprocessing
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -66,7 +67,7 @@ from disagg.policy.baselines import (
     dynamo_throughput_step,
 )
 from disagg.policy.capacity import load_models
-from disagg.policy.types import Observation
+from disagg.policy.types import ROLES, Observation
 from disagg.twin import families
 from disagg.twin.sim import PoolSpec, SimDeployment, SimResult, simulate
 from disagg.twin.traffic import Request, load_trace
@@ -315,24 +316,37 @@ def actions_and_oscillations(result: SimResult, oscillation_s: float) -> tuple[i
     return actions, reversals
 
 
-def reversals(result: SimResult, span_s: float = 3600.0) -> tuple[int, int]:
-    """Direction reversals of the pool that reverses most (a change against that pool's previous change,
-    however long ago): in the whole run, and the most within any ``span_s`` window."""
-    times: dict[str, list[float]] = {}
+def reversal_moves(result: SimResult) -> dict[str, list[tuple[float, int]]]:
+    """Per pool, its direction reversals (a change against that pool's previous change, however long
+    ago): (time, new direction)."""
+    found: dict[str, list[tuple[float, int]]] = {}
     last: dict[str, int] = {}
     for t, role, direction in _changes(result):
         if role in last and last[role] != direction:
-            times.setdefault(role, []).append(t)
+            found.setdefault(role, []).append((t, direction))
         last[role] = direction
-    total = max((len(ts) for ts in times.values()), default=0)
-    most = 0
-    for ts in times.values():
-        lo = 0
-        for hi, t in enumerate(ts):
-            while t - ts[lo] >= span_s:
-                lo += 1
-            most = max(most, hi - lo + 1)
-    return total, most
+    return found
+
+
+def busiest_reversals(
+    result: SimResult, span_s: float = 3600.0
+) -> tuple[str, list[tuple[float, int]]] | None:
+    """The pool and its reversals (time, new direction) within the ``span_s`` that holds most of them."""
+    best: tuple[str, list[tuple[float, int]]] | None = None
+    for role, moves in reversal_moves(result).items():
+        for i, (t0, _) in enumerate(moves):
+            inside = [m for m in moves[i:] if m[0] - t0 < span_s]
+            if best is None or len(inside) > len(best[1]):
+                best = (role, inside)
+    return best
+
+
+def reversals(result: SimResult, span_s: float = 3600.0) -> tuple[int, int]:
+    """Direction reversals of the pool that reverses most: in the whole run, and the most within any
+    ``span_s`` window."""
+    total = max((len(m) for m in reversal_moves(result).values()), default=0)
+    busiest = busiest_reversals(result, span_s)
+    return total, len(busiest[1]) if busiest is not None else 0
 
 
 def largest_shift(result: SimResult, span_s: float = 300.0) -> float | None:
@@ -616,7 +630,6 @@ RATIO_POLICIES = ("slo-feedback", "model-based", "fixed-ratio 1:1")
 # --- why a target was missed, from the decision log ---------------------------------------------------
 
 Schedule = Sequence[tuple[float, float, "tuple[int, int] | None"]]
-ROLES = ("prefill", "decode")
 WHY_WINDOWS = 2  # the lowest-attainment windows a missed attainment names
 
 
@@ -678,31 +691,9 @@ def window_attainment(
     return out
 
 
-def busiest_reversals(
-    result: SimResult, span_s: float = 3600.0
-) -> tuple[str, list[tuple[float, int]]] | None:
-    """The pool and its reversals (time, new direction) within the ``span_s`` that holds most of them."""
-    found: dict[str, list[tuple[float, int]]] = {}
-    last: dict[str, int] = {}
-    for t, role, direction in _changes(result):
-        if role in last and last[role] != direction:
-            found.setdefault(role, []).append((t, direction))
-        last[role] = direction
-    best: tuple[str, list[tuple[float, int]]] | None = None
-    for role, revs in found.items():
-        for i, (t0, _) in enumerate(revs):
-            inside = [r for r in revs[i:] if r[0] - t0 < span_s]
-            if best is None or len(inside) > len(best[1]):
-                best = (role, inside)
-    return best
-
-
 def _codes(entries: Sequence[Mapping[str, Any]], role: str) -> str:
-    counts: dict[str, int] = {}
-    for e in entries:
-        code = last_word(e, role)
-        counts[code] = counts.get(code, 0) + 1
-    return "/".join(c for c, _ in sorted(counts.items(), key=lambda kv: -kv[1]))
+    """The last-word codes of these evaluations, most frequent first."""
+    return "/".join(code for code, _ in Counter(last_word(e, role) for e in entries).most_common())
 
 
 def explain_misses(
@@ -890,13 +881,12 @@ def run_case(
             lines.append(f"{fmt_row(ref)}   (reference: the hindsight schedule, asked for start-up ahead)")
         lines.extend(target_check(rows, out.static, ref))
         by_name = {r.name: r for r in rows}
-        for name, result, log in runs:
-            if name in RATIO_POLICIES:
-                why = explain_misses(
-                    name, verdict(by_name[name], out.static, ref), log, result, case, run_setup, schedule
-                )
-                out.why.setdefault(start, {})[name] = why
-                lines.extend(why)
+        for name, result, log in runs:  # the ratio policies: the controllers that keep a decision log
+            why = explain_misses(
+                name, verdict(by_name[name], out.static, ref), log, result, case, run_setup, schedule
+            )
+            out.why.setdefault(start, {})[name] = why
+            lines.extend(why)
         out.rows[start] = rows
     plan = ", ".join(f"{a[0]}P:{a[1]}D" if a else "none" for _, _, a in schedule)
     lines.append(

@@ -17,6 +17,7 @@ import ast
 import importlib
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -25,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from disagg.policy.types import ROLES
 from policy_goodput import (
     RatioController,
     Row,
@@ -101,12 +103,11 @@ def where_above(outcomes: Sequence[Outcome]) -> str:
     """GPU-hours above the hindsight schedule over all runs, per pool, by the reason that held them
     (policy_goodput.py's why lines, summed): which mechanism a candidate's GPU-hours went to."""
     parts = []
-    for role in ("prefill", "decode"):
-        total: dict[str, float] = {}
+    for role in ROLES:
+        total: Counter[str] = Counter()
         for o in outcomes:
-            for code, gpu_h in o.above.get(role, {}).items():
-                total[code] = total.get(code, 0.0) + gpu_h
-        ranked = [f"{code} {gpu_h:.1f}" for code, gpu_h in sorted(total.items(), key=lambda kv: -kv[1])]
+            total.update(o.above.get(role, {}))
+        ranked = [f"{code} {gpu_h:.1f}" for code, gpu_h in total.most_common()]
         parts.append(f"{role} {sum(total.values()):.1f}" + (f" ({', '.join(ranked)})" if ranked else ""))
     return "GPU-h above the schedule: " + "; ".join(parts)
 
