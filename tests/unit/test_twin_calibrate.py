@@ -175,8 +175,7 @@ def test_calibrate_help_documents_exit_codes(capsys: pytest.CaptureFixture[str])
 def _point(
     c: int | None, isl: int, osl: int, rate: float | None = None, model: str = "llama-3.1-8b"
 ) -> MeasuredPoint:
-    # "burst": a closed loop's clients all start at once (a "steady" one starts them over the measured
-    # duration of a request, which the dummy observation below would distort)
+    # "burst": a closed loop's clients all start at once (the first round counts, as vLLM's client does)
     setup = Setup(model, "h100", 1, "bf16", None, c, rate, isl, osl, None, start="burst")
     return MeasuredPoint(setup, Observed(1.0, 1.0), f"{isl}/{c or rate}")
 
@@ -185,11 +184,16 @@ GRID = [_point(c, isl, 128) for c in (1, 8, 24) for isl in (512, 3000)] + [_poin
 
 
 def _measured_by_twin(points: list[MeasuredPoint], knobs: dict[str, float]) -> list[MeasuredPoint]:
-    """What the twin predicts under ``knobs``, written down as if a benchmark had measured it."""
+    """What the twin predicts under ``knobs``, written down as if a benchmark had measured it. A closed
+    loop's clients spread over the measured duration of a request, so the prediction is repeated until the
+    duration it reads is the one it writes (the dummy observation's 1 s per token would spread them over
+    minutes)."""
     plan = fit_measured.plan(points)
     (target,) = plan.targets.values()
-    errs = fit_measured.evaluate(target, plan, knobs, points)
-    return [replace(e.point, observed=Observed(e.ttft_s, e.tpot_s)) for e in errs]
+    for _ in range(3):
+        errs = fit_measured.evaluate(target, plan, knobs, points)
+        points = [replace(e.point, observed=Observed(e.ttft_s, e.tpot_s)) for e in errs]
+    return points
 
 
 def test_the_fit_recovers_perturbed_knobs_and_predicts_held_out_runs_better() -> None:
@@ -401,7 +405,8 @@ def test_the_documented_calibration_examples_are_the_fidelity_points(
     name: str, points: tuple[fidelity.ClosedLoopPoint, ...]
 ) -> None:
     """docs/simulate.md calibrates on these files; they hold the published points the twin's fidelity
-    tests check (disagg.twin.fidelity), the same numbers, so the two never drift apart."""
+    tests check (disagg.twin.fidelity), the same numbers and the same reading of how each run was counted
+    (a whole run from clients starting together, or a steady state), so the two never drift apart."""
     read = read_measurements([EXAMPLES / name])
     got = {
         (
@@ -413,10 +418,14 @@ def test_the_documented_calibration_examples_are_the_fidelity_points(
         ): (
             m.observed.ttft_mean_s,
             m.observed.tpot_mean_s,
+            m.setup.num_requests if m.setup.start == "burst" else None,
         )
         for m in read
     }
-    want = {(p.isl, p.osl, p.concurrency, p.tp, p.dtype): (p.ttft_s, p.tpot_s) for p in points}
+    want = {
+        (p.isl, p.osl, p.concurrency, p.tp, p.dtype): (p.ttft_s, p.tpot_s, p.num_requests) for p in points
+    }
     assert got.keys() == want.keys()
-    for key, (ttft, tpot) in want.items():
-        assert got[key] == pytest.approx((ttft, tpot), rel=1e-9), key
+    for key, (ttft, tpot, num_requests) in want.items():
+        assert got[key][:2] == pytest.approx((ttft, tpot), rel=1e-9), key
+        assert got[key][2] == num_requests, key

@@ -4,8 +4,9 @@ Points (../shared/README.md and the calibration files):
 
 * aiconfigurator, Llama-3.1-70B FP8, vLLM, H100 TP8, colocated, 1024 or 8192 in / 1024 out at 4 and 64
   requests in flight: TTFT and TPOT. Simulated as a closed loop (each client sends its next request when
-  the previous one finished, first requests at seeded random times within one request's duration) and
-  measured after a warm-up third.
+  the previous one finished): the clients' steady state (first requests at seeded random times within
+  one request's duration as the twin predicts it, measured after a warm-up third) and, since the figure is
+  read as the mean of a whole vllm bench serve run of 1000 requests, its first round sent together.
 * NVIDIA NIM, Llama-3.3-70B FP8 TP2 on 2xH100, 5000 in / 500 out, 1 in flight: TTFT 407 ms, ITL 18.6 ms;
   and at 5, 25, 50 and 100 in flight (same table), simulated with an FP8 KV cache: the table does not
   say which KV dtype its FP8 profile uses, and with BF16 KV the 50/100 rows are KV-capacity-bound in the
@@ -21,60 +22,36 @@ Points (../shared/README.md and the calibration files):
 Train and check (disagg.twin.fidelity.TRAIN): the per-step overhead is fitted on the TPOTs of the two
 1024-token aiconfigurator points and the per-request front-end overhead on the 1k/4-in-flight TTFT (see
 disagg.twin.calibrate.RUNTIME); the 8192-token points and NIM's TP2 rows are checks. Each closed-loop point
-is the mean over eight client phases. Known misses are strict xfails with the reason, so the table stays
+is the mean over 32 client phases. Known misses are strict xfails with the reason, so the table stays
 honest:
 
-* TTFT at 64 in flight (aiconfigurator): twin 93 ms vs 185 (1k in), 715 vs 1150 (8k in). Not a
-  scheduling error: the colocated engine follows every clause aiconfigurator's validated vLLM queueing
-  model lists (ai-dynamo/aiconfigurator docs/design/queueing_model.md, "Validation": one token budget
-  shared by decodes and prefill chunks, running set first, chunk = min(remaining prompt, remaining
-  budget), admission stops at max_num_seqs or when KV cannot be allocated, LIFO recompute preemption,
-  first token sampled in the pass that completes the prompt), and its TPOT, which is dominated by those
-  mixed passes at 8k in, matches (33.6 vs 34.5 ms). What the published points do not pin down is the
-  clients' phase. Clients at random phases (this reproduces the 4-in-flight TTFTs, 70 vs 70 and 326 vs
-  301 ms) rarely collide, so each prompt waits for about one pass. Benchmark tools start all C clients at
-  t=0; with fixed lengths two clients whose prompts collided finish one decode step apart and collide
-  again, so the twin's cohorts stay locked and give 666 and 1089 ms; but that also gives 144 and 840 ms at
-  4 in flight and 1255 ms at NIM's 5, far from the published 70, 301 and 547 (a test checks this), and
-  per-request drift of up to 2 s (ClosedLoop.jitter_s) still leaves 8k@4 +32% and NIM@5 +29% while the
-  64-in-flight waves, whose prefill runs back to back, queue behind the jitter (290 / 3416 ms). The
-  published values lie between the two limits (a test checks the bracket). Two more candidates were
-  tried and not adopted, each for a reason a test shows: (1) noise. With fixed lengths and no noise the
-  twin settles into a periodic, nearly collision-free schedule (aiconfigurator's doc names the same
-  effect: "the deterministic recursion settles into a collision-free phase"); re-drawing phases by up to
-  1 s of drift per request (ClosedLoop.jitter_s, 4 phases) brings 8k@64 to -13% but 1k@64 stays at -54%
-  (colliding 1k prompts cost little: eight share a pass) and NIM's 25/50-in-flight rows go to +47/+59%,
-  so no one drift level fits both sources. (2) a front-end overhead growing with the streams in flight
-  (the API server's), request overhead = base + slope x other streams (fidelity.FRONT_END_WHAT_IF),
-  fitted on the two training points (base 20 ms, slope 1.2 ms): 1k@4 -0%, 1k@64 -1%, and on the checks
-  8k@4 +8%, 8k@64 -15%, NIM 1/5/100 +3/-13/-8%, but NIM 25/50 +37/+45% (now +24/-14%): check-point TTFT
-  MAE 18.5% against 15.6% without it, so it is not in the profile. Nor do the scheduler's knobs explain
-  the miss: with max_num_batched_tokens 2048 / 4096 / 8192 / 16384 (4 phases) 1k@64 gives 88 / 91 / 91 /
-  91 ms and 8k@64 572 / 669 / 702 / 690 ms (a smaller budget interleaves more decodes and lowers TTFT);
-  max_num_seqs (256) does not bind at 64; and vLLM V1 schedules running requests first (decode-first,
-  the order that makes a new prompt wait longest), which the engine already does. What would tell them
-  apart is a run of the same engine at 16-64 clients with 1k prompts at TP2/4 (not in ../shared); the
-  1k@64 gap (+95 ms that collisions cannot make) points at the front end. (3) the front end's CPU load
-  rather than its streams: vLLM's API server is one process by default that tokenises every prompt and
-  detokenises and streams every output token (fidelity.FRONT_END_LOAD_WHAT_IF cites the docs), so its
-  delay would follow tokens/s, which is 4.1k output tokens/s at 1k@64 but 1.8k at 8k@64 and 0.2-0.9k at
-  NIM's 5-100 clients. Modelled as a processor-sharing server (request overhead / (1 - rho), rho = CPU
-  cost x tokens/s, sim.FrontEndLoad) and fitted on TRAIN (22 ms, 180 us per output token; TRAIN's 1k-in /
-  1k-out points cannot tell prompt from output tokens) it meets 1k@64 but adds only 1-10 ms elsewhere:
-  8k@4 +8%, 8k@64 -38%, NIM 1/5/25/50/100 +4/-13/+5/-14/-8%. Its check-point TTFT MAE, 12.7% against
-  15.6%, comes from NIM@25 alone, and not from the load: NIM@25 flips from +24% to -8% when the constant
-  request overhead drops from 25 to 22 ms (the new base; 13.2% without any load term), a test shows the
-  flip. And the residuals are not ordered by front-end load: the CPU cost per token each residual over
-  5% implies is 192 us per output token at 1k@64 (the highest load), 526 us at 8k@64, ~1 ms at NIM 50/100
-  and 3.4 ms at NIM@5 (66-336 us per prompt token if put on tokenisation instead, thousands of times a
-  Rust tokenizer's cost), while NIM@25, between them in load, sits above the published value. A
-  per-token cost that fits 1k@64 is a constant fitted to one point, so it is not in the profile either.
-  (NIM's table does not name the server behind its front end, so the two sources may not share one.)
-  (The doc's "visibility
-  delay", a replacement request arriving after the next pass is scheduled, is in the twin already: the
-  front-end overhead delays every arrival past the finishing pass.)
-* NIM at 25 in flight: TTFT +24%, inside the tolerance but phase-sensitive for the reason above (-6%
-  with the earlier 2 ms step overhead: a slightly different step time changes which prompts lock).
+* TTFT at 64 in flight (aiconfigurator), met since the published figure is read as a whole run's mean.
+  The clients' steady state alone (random phases; it meets 1k@4, 71 vs 70 ms) gives 91 / 727 ms against
+  185 / 1150 (-51 / -37%). A benchmark's clients all start at t=0 and its mean counts every request (vllm
+  bench serve: no warm-up, --num-prompts 1000 by default), so the first round weighs in: 64 prompts sent
+  together queue for the 8192-token budget and average 1177 / 9063 ms; over 1000 requests the run's mean
+  is 160 / 1261 ms (-13 / +10%), while the 4-in-flight points move by under 1% (sim.run_mean). The count
+  is an assumption, not a fit: the source names neither its tool nor its count (10 x C would give
+  199 / 1561 ms, +8 / +36%; 5 x C 308 / 2394 ms; bench/twin_fidelity.py prints
+  them). The later rounds count at the steady state because the twin's own lockstep (cohorts that never
+  part) overshoots the 4-5-in-flight points of both sources about 2x. Before this, five steady-state
+  explanations were tried and rejected, each kept as a test: (1) lockstep cohorts (666 / 1089 ms at 64,
+  but 144 / 840 ms at 4 and 1255 ms at NIM's 5); (2) drift noise of up to 1 s per request
+  (ClosedLoop.jitter_s) meets 8k@64 but leaves 1k@64 at -54% and sends NIM 25/50 to +47/+59%; (3) a front
+  end growing with the streams in flight (fidelity.FRONT_END_WHAT_IF: 20 ms + 1.2 ms per stream) meets
+  TRAIN but sends NIM 25/50 to +37/+45%; (4) the front end's CPU load (fidelity.FRONT_END_LOAD_WHAT_IF: one
+  API-server process, 22 ms / (1 - 180 us x output tokens/s)) meets TRAIN but moves no check, and the
+  residuals are not ordered by front-end load (the per-token cost each implies spans 192 us to 3.4 ms);
+  (5) the scheduler's knobs: max_num_batched_tokens 2048-16384 gives 88-91 ms at 1k@64, max_num_seqs does
+  not bind, and vLLM V1's running-first order is the engine's already. NIM's table is a steady-state figure
+  (GenAI-Perf measures in stability windows after the start), so its rows count no first round.
+* NIM at 25 in flight: TTFT +25% (a strict xfail at the tolerance's edge), phase-sensitive: the twin's
+  25 ms per request is vLLM's; with NIM's own 7.9 ms (the intercept of its two single-request rows) the
+  row is -8% and the others stay within the tolerance (a test checks both).
+* 8k in at 4 in flight (aiconfigurator): TTFT +24%, inside the tolerance, not the 10% goal. One client
+  alone gets 291 ms (-3%); at random phases some of the four clients' 300 ms prefills collide, and in the
+  twin a collision, once formed, recurs every round; the published 301 ms says the measured run had
+  almost none (real runs carry the noise that lets colliding clients part; the twin has none to give).
 * Splitwise: measured on a 2023 stack about 2x slower than vLLM 0.24 kernels; the twin models today's.
 * H100 prediction vs H200 measurement at batch 1 for 70B TP4/TP8: 1.02 and 0.90 instead of the HBM
   ratio 1.43, because the measuring script's kernels stream weights far less efficiently than vLLM's.
@@ -119,14 +96,9 @@ from disagg.twin.fidelity import (
     token_rates,
 )
 from disagg.twin.fidelity import rel_err as _rel_err
+from disagg.twin.sim import PoolSpec, SimDeployment, first_round, run_mean
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration"
-QUEUEING_MISS = (
-    "client phase: clients at random phases (the default, which meets the 4-in-flight points) give 93/715 ms "
-    "at 64 in flight against 185/1150 published; neither client phase, drift noise, the scheduler's knobs "
-    "nor a front end growing with streams or with its CPU load (tokens/s) explains both sources; see the "
-    "module docstring and the bracket test"
-)
 
 
 # the twin's request overhead (calibrate.RUNTIME, 25 ms) was fitted on aiconfigurator's vLLM TP8 point
@@ -150,16 +122,7 @@ def test_aiconfigurator_tpot(point: ClosedLoopPoint) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "point",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=QUEUEING_MISS))
-        if p.concurrency == 64
-        else p
-        for p in AICONFIG
-    ],
-    ids=_label,
-)
+@pytest.mark.parametrize("point", AICONFIG, ids=_label)
 def test_aiconfigurator_ttft(point: ClosedLoopPoint) -> None:
     ttft, _ = closed_loop_latency(point)
     assert _rel_err(ttft, point.ttft_s) <= TOLERANCE, (
@@ -167,15 +130,45 @@ def test_aiconfigurator_ttft(point: ClosedLoopPoint) -> None:
     )
 
 
-@pytest.mark.parametrize("point", [p for p in AICONFIG if p.concurrency == 64], ids=_label)
-def test_aiconfigurator_ttft_at_64_lies_between_the_client_phase_limits(point: ClosedLoopPoint) -> None:
-    """The two limits of closed-loop client phase bracket the published TTFT (within the tolerance):
-    clients at random phases (93 / 715 ms for 1k / 8k in) and all clients dispatched at t=0 with fixed
-    lengths, whose cohorts stay locked (666 / 1089 ms)."""
-    spread, _ = closed_loop_latency(point)
-    locked, _ = closed_loop_latency(point, burst=True)
-    assert spread < locked
-    assert spread * (1 - TOLERANCE) <= point.ttft_s <= locked * (1 + TOLERANCE), (spread, locked)
+@pytest.mark.parametrize("point", AICONFIG, ids=_label)
+def test_the_first_round_is_what_the_64_client_points_lacked(point: ClosedLoopPoint) -> None:
+    """The clients' steady state alone misses the 64-in-flight TTFTs by more than the tolerance (93 / 715
+    ms against 185 / 1150); counting the run's first round, sent together, brings both within 15%, and moves
+    the 4-in-flight points by under 2% (their first round is 4 of 1000 requests)."""
+    steady, _ = closed_loop_latency(replace(point, num_requests=None))
+    whole, _ = closed_loop_latency(point)
+    if point.concurrency == 64:
+        assert steady < (1 - TOLERANCE) * point.ttft_s, steady
+        assert _rel_err(whole, point.ttft_s) <= 0.15, whole
+    else:
+        assert _rel_err(whole, steady) <= 0.02, (whole, steady)
+
+
+def test_the_assumed_request_count_is_load_bearing() -> None:
+    """The source does not state its request count; 1000 is vllm bench serve's default. A run of 10 x C
+    requests would weigh the first round 10% and send 8k@64 past the tolerance: the count is an assumption
+    the fidelity table depends on, and bench/twin_fidelity.py prints the alternatives."""
+    aic_8k_64 = next(p for p in AICONFIG if p.isl == 8192 and p.concurrency == 64)
+    short, _ = closed_loop_latency(aic_8k_64, num_requests=10 * aic_8k_64.concurrency)
+    assert short > (1 + TOLERANCE) * aic_8k_64.ttft_s, short
+
+
+def test_run_mean_weighs_the_first_round_by_its_share_of_the_run() -> None:
+    assert run_mean(1.0, 0.1, 64, 1000) == pytest.approx((64 * 1.0 + 936 * 0.1) / 1000)
+    assert run_mean(1.0, 0.1, 8, 4) == 1.0  # a run shorter than one round is all first round
+    with pytest.raises(ValueError, match="requests"):
+        run_mean(1.0, 0.1, 8, 0)
+
+
+def test_first_round_prompts_queue_for_the_token_budget() -> None:
+    """64 prompts of 1024 tokens sent together to an idle TP8 replica: eight fit one 8192-token pass, so the
+    first round's mean TTFT is several passes, far above one prompt's alone; its last prompt waits about
+    eight passes."""
+    aic_1k_64 = next(p for p in AICONFIG if p.isl == 1024 and p.concurrency == 64)
+    dep = SimDeployment(model=aic_1k_64.model, dtype="fp8", mode="colocated", colocated=PoolSpec(1, 8))
+    alone, _ = first_round(dep, 1, 1024, 1024)
+    together, _ = first_round(dep, 64, 1024, 1024)
+    assert together > 4 * alone, (alone, together)
 
 
 @pytest.mark.parametrize(
@@ -220,7 +213,7 @@ def test_front_end_growing_with_streams_fits_train_but_not_the_nim_checks() -> N
 def test_front_end_cpu_load_fits_train_but_moves_no_check_point() -> None:
     """fidelity.FRONT_END_LOAD_WHAT_IF (an API-server process whose CPU is shared by every prompt and output
     token, fitted on TRAIN: 22 ms stretched by 1 / (1 - 180 us x output tokens/s)) meets both training TTFTs,
-    but its load term barely touches the checks: 8k@64 stays a miss and NIM@50 moves by under 2%, because
+    but its load term barely touches the checks: 8k@64 stays a miss and NIM@50 moves by under 3%, because
     their token rates (1.8k and 0.8k output tokens/s) are far below 1k@64's 4.1k/s."""
     for p in TRAIN:
         ttft, _ = closed_loop_latency(p, front_end_load=FRONT_END_LOAD_WHAT_IF)
@@ -231,7 +224,7 @@ def test_front_end_cpu_load_fits_train_but_moves_no_check_point() -> None:
     nim_50 = NIM_CONCURRENCY[2]
     with_load, _ = closed_loop_latency(nim_50, front_end_load=FRONT_END_LOAD_WHAT_IF)
     without, _ = closed_loop_latency(nim_50, front_end=(FRONT_END_LOAD_WHAT_IF[0], 0.0))
-    assert _rel_err(with_load, without) <= 0.02, (with_load, without)
+    assert _rel_err(with_load, without) <= 0.03, (with_load, without)
 
 
 def test_ttft_residuals_are_not_ordered_by_front_end_load() -> None:
@@ -253,6 +246,19 @@ def test_ttft_residuals_are_not_ordered_by_front_end_load() -> None:
     assert loads[0] < token_rates(nim_25)[1] < loads[-1]
 
 
+def test_nim_rows_with_nims_own_front_end_cost() -> None:
+    """What NIM_25_MISS says: with the per-request cost NIM's own single-request rows imply instead of
+    vLLM's, the 25-in-flight row comes within 10% and the other rows stay within the tolerance."""
+    front_end = (_nim_front_end_s(), 0.0)
+    assert 0.005 < front_end[0] < 0.010, front_end
+    nim_25 = NIM_CONCURRENCY[1]
+    ttft, _ = closed_loop_latency(nim_25, front_end=front_end)
+    assert _rel_err(ttft, nim_25.ttft_s) <= 0.10, ttft
+    for p in (NIM_SINGLE, *NIM_CONCURRENCY):
+        ttft, _ = closed_loop_latency(p, front_end=front_end)
+        assert _rel_err(ttft, p.ttft_s) <= TOLERANCE, (p.label, ttft)
+
+
 def test_nim_25_flips_with_the_request_overhead() -> None:
     """Why NIM@25 is phase-sensitive: with a constant request overhead of 22 ms its TTFT is ~630 ms (-8%),
     with 25 ms (the profile's) ~860 ms (+24%): whether the next client's prompt reaches the engine before
@@ -271,7 +277,31 @@ def test_training_split_is_the_1k_prompt_points() -> None:
     assert all(is_train(p) == (p in AICONFIG and p.isl == 1024) for p in CLOSED_LOOP)
 
 
-@pytest.mark.parametrize("point", NIM_CONCURRENCY, ids=lambda p: f"{p.concurrency}flight")
+def _nim_front_end_s() -> float:
+    """The fixed per-request cost NIM's own two single-request rows imply (500 and 5000 tokens in): the
+    intercept of TTFT = fixed + prompt x per-token prefill, 7.9 ms."""
+    per_token = (NIM_SINGLE.ttft_s - NIM_SHORT_PROMPT.ttft_s) / (NIM_SINGLE.isl - NIM_SHORT_PROMPT.isl)
+    return NIM_SHORT_PROMPT.ttft_s - per_token * NIM_SHORT_PROMPT.isl
+
+
+NIM_25_MISS = (
+    "front end and client phase: +25% with the shipped 25 ms per request (vLLM's, fitted on aiconfigurator's "
+    "1k@4 point); with NIM's own 7.9 ms (the intercept of its single-request rows) -8%: whether the next "
+    "client's prompt reaches the engine before or after the next pass is planned decides which prompts lock "
+    "together (test_nim_25_flips_with_the_request_overhead)"
+)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=NIM_25_MISS))
+        if p.concurrency == 25
+        else p
+        for p in NIM_CONCURRENCY
+    ],
+    ids=lambda p: f"{p.concurrency}flight",
+)
 def test_nim_llama33_70b_fp8_tp2_under_concurrency_with_fp8_kv(point: ClosedLoopPoint) -> None:
     """NIM's table does not name its KV-cache dtype. With an FP8 KV cache (460k tokens on 2 x H100) the
     twin meets every row, including the saturated one at 100 in flight (83 of 100 prompts fit, the rest

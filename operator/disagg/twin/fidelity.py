@@ -8,13 +8,18 @@ mean over the last two thirds of ``8 x concurrency`` requests is reported, avera
 client phases (the mean TTFT of one run depends on which clients' prompts happen to collide).
 
 Client phase. Benchmark clients (vllm bench serve --max-concurrency, AIPerf/GenAI-Perf --concurrency) all
-send at t=0; ``clients="together"`` models that, with ``jitter_s`` of seeded uniform per-request drift
-(:class:`disagg.twin.sim.ClosedLoop`). With fixed lengths the twin's cohorts then stay in lockstep waves:
-two clients whose prompts collided finish one decode step apart and collide again, for ever. The measured
-points refute that at 4-5 clients in both sources (locked: 145 / 843 / 1232 ms against the published
-70 / 301 / 547 ms; drift of up to 2 s per request still leaves 8k@4 +33% and NIM@5 +29%), so the points are
-simulated with ``clients="spread"`` (first requests at seeded random times within one request's duration),
-which meets them; ``bench/twin_fidelity.py`` prints both.
+send at t=0. What a point's figure averages decides how that start counts. A tool that averages every
+request of its run (vllm bench serve: no warm-up, --num-prompts 1000 by default) includes the first round,
+C prompts sent together that queue for the token budget; one that measures in stability windows
+(GenAI-Perf runs perf_analyzer, which repeats time windows until they are stable) leaves the start out.
+Each point says which (``num_requests``): the twin gives the clients' steady state (first requests at
+seeded random times within one request's duration, the first third discarded) and, for a whole run, the
+first round weighted by its share (:func:`disagg.twin.sim.run_mean`). The later rounds are not simulated
+in lockstep (``burst=True`` in :func:`closed_loop_latency`): with fixed lengths the twin's cohorts never
+part (a long prefill pass collects every prompt that arrives during it), which the measured points refute
+at 4-5 clients in both sources (locked: 145 / 843 / 1232 ms against the published 70 / 301 / 547 ms;
+drift of up to 2 s per request still leaves 8k@4 +33% and NIM@5 +29%); ``bench/twin_fidelity.py`` prints
+both.
 
 Train / check split (what the runtime knobs of disagg.twin.calibrate.RUNTIME were fitted on): :data:`TRAIN`
 = aiconfigurator's two 1024-token points (TP8; their TPOTs fit ``step_overhead_ms``, the 4-in-flight TTFT
@@ -29,10 +34,19 @@ import numpy as np
 
 from disagg.perf.latency import load_latency_model
 from disagg.perf.moe import DEFAULT_MTP_ACCEPTANCE, Parallelism, Speculation
-from disagg.twin.sim import ClosedLoop, FrontEndLoad, PoolSpec, SimDeployment, simulate
+from disagg.twin.sim import (
+    ClosedLoop,
+    FrontEndLoad,
+    PoolSpec,
+    SimDeployment,
+    first_round,
+    run_mean,
+    simulate,
+    steady_state,
+)
 
 TOLERANCE = 0.25
-SEEDS = tuple(range(1, 9))  # client phases a closed-loop point is averaged over
+SEEDS = tuple(range(1, 33))  # client phases a closed-loop point is averaged over
 
 AICONFIG_SOURCE = "aiconfigurator measurements quoted in ../shared/README.md"
 # NVIDIA NIM LLM benchmarking docs 1.0.0, "Performance", Llama-3.3-70b-instruct NIM 1.8.0, 2 x H100 80G,
@@ -56,6 +70,10 @@ class ClosedLoopPoint:
     kv_dtype: str = "bf16"
     # how the source loaded the server, as far as it says
     method: str = ""
+    # the run's request count when its clients start together and every request counts (the published
+    # figure is then the mean over the whole run, first round included: sim.run_mean); None for a
+    # steady-state figure (the tool measures after the start, as GenAI-Perf's stability windows do)
+    num_requests: int | None = None
 
     @property
     def label(self) -> str:
@@ -68,17 +86,34 @@ class ClosedLoopPoint:
 
 
 # The shared README quotes these without the client tool or its warm-up; a fixed concurrency of clients
-# with fixed lengths is all it says.
+# with fixed lengths is all it says. The twin assumes vLLM's own client at its defaults: `vllm bench serve
+# --max-concurrency C` starts every client at once, runs --num-prompts requests (default 1000,
+# vllm/benchmarks/serve.py) and averages all of them, no warm-up. An assumption, not a fit: the source names
+# neither the tool nor the count (bench/twin_fidelity.py prints the 10 x C and 5 x C alternatives).
 AICONFIG_METHOD = "closed loop at fixed concurrency, fixed lengths; client tool and warm-up not stated"
+AICONFIG_REQUESTS = 1000
 # NIM's benchmarking guide measures with GenAI-Perf/AIPerf --concurrency N (all N clients start at once,
-# each sends its next request when the previous one finished), synthetic prompts of fixed length.
+# each sends its next request when the previous one finished), synthetic prompts of fixed length. GenAI-Perf
+# reports what perf_analyzer measured over time windows repeated until stable (Triton perf_analyzer docs,
+# "Measurement Modes" and user guide: "measures ... over a time window, and then repeats the measurements
+# until it gets stable values"), so the start is not in its figures: NIM's rows are a steady state.
 NIM_METHOD = "GenAI-Perf/AIPerf --concurrency (clients start together), fixed lengths"
 
 
 def _aiconfig(isl: int, conc: int, ttft_s: float, tpot_s: float) -> ClosedLoopPoint:
     # Llama-3.1-70B FP8, vLLM, H100 TP8, colocated, 1024 out.
     return ClosedLoopPoint(
-        AICONFIG_SOURCE, "llama-3.1-70b", 8, "fp8", isl, 1024, conc, ttft_s, tpot_s, method=AICONFIG_METHOD
+        AICONFIG_SOURCE,
+        "llama-3.1-70b",
+        8,
+        "fp8",
+        isl,
+        1024,
+        conc,
+        ttft_s,
+        tpot_s,
+        method=AICONFIG_METHOD,
+        num_requests=AICONFIG_REQUESTS,
     )
 
 
@@ -188,11 +223,17 @@ def closed_loop_latency(
     seeds: tuple[int, ...] = SEEDS,
     front_end: tuple[float, float] | None = None,
     front_end_load: tuple[float, FrontEndLoad] | None = None,
+    num_requests: int | None = None,
 ) -> tuple[float, float]:
     """The twin's mean TTFT and time per output token for ``point`` (seconds), averaged over ``seeds``.
 
-    ``burst``: all clients start together (the benchmark tools' start), each later request drifting by
-    up to ``jitter_s``; else first requests at seeded random times within one request's duration.
+    Default: the clients' steady state (first requests at seeded random times within one request's
+    duration, the first third discarded) and, where the point's run counted every request
+    (``point.num_requests``, or ``num_requests`` instead), the mean over that run: its first round sent
+    together, the rest at the steady state (:func:`disagg.twin.sim.run_mean`).
+    The alternatives below are steady-state what-ifs (no first round):
+    ``burst``: all clients start together and stay as the twin's cohorts go, each later request drifting
+    by up to ``jitter_s``.
     ``front_end``: (base, per-stream) request overhead instead of the profile's constant one;
     ``front_end_load``: (base, load) a request overhead stretched by the front end's CPU load instead."""
     if front_end is not None and front_end_load is not None:
@@ -207,23 +248,35 @@ def closed_loop_latency(
         request_overhead_s=base,
     )
     per_stream = 0.0 if front_end is None else front_end[1]
-    total = max(3, point.concurrency * 8)
-    ramp = 0.0 if burst else point.osl * point.tpot_s
-    loop = ClosedLoop(point.concurrency, point.isl, point.osl, total, ramp, not burst, jitter_s)
-    k = total // 3
-    ttft, tpot = [], []
-    for seed in seeds if (not burst or jitter_s > 0) else seeds[:1]:  # a burst without drift is seedless
-        res = simulate(
-            dep,
-            [],
-            closed_loop=loop,
-            seed=seed,
-            stream_overhead_s=per_stream,
-            front_end_load=None if front_end_load is None else front_end_load[1],
-        )
-        ttft.append(float(np.nanmean(res.ttft[k:])))
-        tpot.append(float(np.nanmean(res.itl_mean[k:])))
-    return float(np.mean(ttft)), float(np.mean(tpot))
+    load = None if front_end_load is None else front_end_load[1]
+    c = point.concurrency
+    if burst:
+        total = max(3, c * 8)
+        k = total // 3
+        loop = ClosedLoop(c, point.isl, point.osl, total, 0.0, False, jitter_s)
+        ttft, tpot = [], []
+        for seed in seeds if jitter_s > 0 else seeds[:1]:  # a burst without drift is seedless
+            res = simulate(
+                dep, [], closed_loop=loop, seed=seed, stream_overhead_s=per_stream, front_end_load=load
+            )
+            ttft.append(float(np.nanmean(res.ttft[k:])))
+            tpot.append(float(np.nanmean(res.itl_mean[k:])))
+        return float(np.mean(ttft)), float(np.mean(tpot))
+    steady = steady_state(
+        dep,
+        c,
+        point.isl,
+        point.osl,
+        seeds,
+        jitter_s=jitter_s,
+        stream_overhead_s=per_stream,
+        front_end_load=load,
+    )
+    whole_run = num_requests or point.num_requests
+    if jitter_s > 0 or front_end is not None or front_end_load is not None or not whole_run:
+        return steady
+    first = first_round(dep, min(c, whole_run), point.isl, point.osl)
+    return run_mean(first[0], steady[0], c, whole_run), run_mean(first[1], steady[1], c, whole_run)
 
 
 def mean_abs_error(errors: list[float]) -> float:

@@ -789,3 +789,84 @@ def simulate(
         stream_overhead_s,
         front_end_load,
     ).run()
+
+
+# --- what a benchmark run of clients that start together reports ----------------------------------------
+def first_round(
+    deployment: SimDeployment,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> tuple[float, float]:
+    """Mean TTFT and mean time per output token (s) of the first requests of a closed loop whose
+    ``concurrency`` clients all send at t=0 to idle replicas: the prompts queue behind each other for the
+    token budget, so the last of C prompts waits for about C x prompt / budget prefill passes."""
+    loop = ClosedLoop(concurrency, prompt_tokens, output_tokens, concurrency)
+    res = simulate(deployment, [], closed_loop=loop)
+    return _mean_or_inf(res.ttft), _mean_or_inf(res.itl_mean)
+
+
+def _mean_or_inf(values: np.ndarray) -> float:
+    """The mean of the finished requests' values; inf where none finished (a replica that cannot serve)."""
+    done = values[~np.isnan(values)]
+    return float(done.mean()) if done.size else math.inf
+
+
+def steady_state(
+    deployment: SimDeployment,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    seeds: Sequence[int] = (1,),
+    duration_s: float | None = None,
+    jitter_s: float = 0.0,
+    stream_overhead_s: float = 0.0,
+    front_end_load: FrontEndLoad | None = None,
+) -> tuple[float, float]:
+    """Mean TTFT and mean time per output token (s) of ``concurrency`` desynchronised clients: first
+    requests at seeded random times within one request's duration, ``8 x concurrency`` requests, the first
+    third discarded, averaged over ``seeds`` (one run's mean depends on which prompts collide).
+
+    ``duration_s``: the request's duration the phases spread over; by default the twin's own prediction
+    (one run spread over the first round's duration gives the steady time per output token, whose
+    duration spreads the runs that count), so a prediction needs no measured TPOT. ``jitter_s``: each later
+    request sent up to this long after its client's previous one finished (ClosedLoop.jitter_s)."""
+    total = max(3, 8 * concurrency)
+    skip = total // 3
+
+    def run(ramp_s: float, seed: int) -> SimResult:
+        loop = ClosedLoop(concurrency, prompt_tokens, output_tokens, total, ramp_s, True, jitter_s)
+        return simulate(
+            deployment,
+            [],
+            closed_loop=loop,
+            seed=seed,
+            stream_overhead_s=stream_overhead_s,
+            front_end_load=front_end_load,
+        )
+
+    if duration_s is None:
+        first_tpot = first_round(deployment, concurrency, prompt_tokens, output_tokens)[1]
+        pilot = run(output_tokens * first_tpot, seeds[0]) if math.isfinite(first_tpot) else None
+        tpot = _mean_or_inf(pilot.itl_mean[skip:]) if pilot is not None else math.inf
+        duration_s = output_tokens * tpot if math.isfinite(tpot) else 0.0
+    runs = [run(duration_s, seed) for seed in seeds]
+    ttft = [_mean_or_inf(r.ttft[skip:]) for r in runs]
+    tpot_s = [_mean_or_inf(r.itl_mean[skip:]) for r in runs]
+    return float(np.mean(ttft)), float(np.mean(tpot_s))
+
+
+def run_mean(first: float, steady: float, concurrency: int, requests: int) -> float:
+    """The mean a benchmark reports over all ``requests`` of a run whose ``concurrency`` clients start
+    together (vllm bench serve --max-concurrency, AIPerf/GenAI-Perf --concurrency; neither discards a warm-up
+    by default): the first round (``min(concurrency, requests)`` requests) at ``first``
+    (:func:`first_round`), every later request at ``steady``, the clients' desynchronised steady state.
+
+    Why not the twin's lockstep: with fixed lengths and no noise the twin's cohorts, once formed, never
+    part (a long prefill pass collects every prompt that arrives during it), which overshoots the measured
+    4-5-client points of both published sources about 2x; measured runs desynchronise (how fast is not
+    published), so the rounds after the first count at the steady state (disagg.twin.fidelity)."""
+    if requests < 1 or concurrency < 1:
+        raise ValueError(f"requests and concurrency must be >= 1, got {requests} and {concurrency}")
+    k = min(concurrency, requests)
+    return (k * first + (requests - k) * steady) / requests
