@@ -429,3 +429,13 @@ def test_the_documented_calibration_examples_are_the_fidelity_points(
     for key, (ttft, tpot, num_requests) in want.items():
         assert got[key][:2] == pytest.approx((ttft, tpot), rel=1e-9), key
         assert got[key][2] == num_requests, key
+
+
+@pytest.mark.parametrize(("holdout", "fits"), [("loo", 3), ("2", 1), ("none", 1)])
+def test_fit_target_reports_each_fit_it_runs(holdout: str, fits: int) -> None:
+    """The CLI's progress bar counts fits: one, plus one per run under leave-one-out."""
+    plan = fit_measured.plan([_point(1, 512, 64), _point(1, 3000, 64)])
+    (target,) = plan.targets.values()
+    calls: list[int] = []
+    fit_measured.fit_target(target, plan, holdout, on_fit=lambda: calls.append(1))
+    assert fit_measured.fits_needed(target, holdout) == fits == len(calls)

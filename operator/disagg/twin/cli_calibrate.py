@@ -2,7 +2,7 @@
 
     disagg twin calibrate --measurements FILE [--measurements FILE2 ...] --out profile.yaml
         [--model M] [--gpu G] [--tp N] [--dtype bf16|fp8] [--kv-dtype bf16|fp8]
-        [--model-config config.json] [--gpu-spec gpu.yaml] [--holdout loo|none|2,5]
+        [--model-config config.json] [--gpu-spec gpu.yaml] [--holdout loo|none|2,5] [--quiet]
 
 FILE is a vLLM serving benchmark result (``vllm bench serve --save-result``), an AIPerf or GenAI-Perf
 export (``profile_export_aiperf.json``) or a CSV (:mod:`disagg.twin.measurements`). The fit
@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
 
 from disagg.clicommon import EXIT_FAILURE, EXIT_OK, is_stdout
 from disagg.twin import fit_measured
+from disagg.twin.cli_simulate import simulation_progress
 from disagg.twin.measurements import Defaults, MeasurementError, read_measurements
 
 PROG = "disagg twin calibrate"
@@ -64,6 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="loo",
         help="held-out runs: loo (leave-one-out, default), none, or 1-based run numbers like 2,5",
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
@@ -109,6 +113,21 @@ def report_lines(reports: dict[str, fit_measured.FitReport]) -> list[str]:
     return lines
 
 
+def _fit_all(plan: fit_measured.Plan, holdout: str, quiet: bool) -> dict[str, fit_measured.FitReport]:
+    """Every target's fit, with a progress bar on stderr in a terminal (a fit with leave-one-out over many
+    runs takes minutes: each closed-loop run is replayed over several client phases per evaluation)."""
+    reports = {}
+    with simulation_progress(Console(stderr=True), quiet) as progress:
+        for key, target in plan.targets.items():
+            total = fit_measured.fits_needed(target, holdout)
+            task = progress.add_task(f"fitting {key}", total=total, detail="fits")
+            reports[key] = fit_measured.fit_target(
+                target, plan, holdout, on_fit=partial(progress.advance, task)
+            )
+            progress.remove_task(task)
+    return reports
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         defaults = Defaults(args.model, args.gpu, args.tp, args.dtype, args.kv_dtype)
@@ -116,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         config = _read_mapping(args.model_config, "the model config") if args.model_config else None
         gpu = _read_mapping(args.gpu_spec, "the GPU spec") if args.gpu_spec else None
         plan = fit_measured.plan(points, config, gpu)
-        reports = {key: fit_measured.fit_target(t, plan, args.holdout) for key, t in plan.targets.items()}
+        reports = _fit_all(plan, args.holdout, args.quiet)
     except ValueError as error:  # MeasurementError, FitError and ProfileError are ValueErrors
         print(f"{PROG}: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_FAILURE

@@ -505,7 +505,22 @@ def holdout_split(n: int, spec: str) -> tuple[str, list[int]]:
     return "split", [i - 1 for i in picked]
 
 
-def fit_target(target: Target, plan_: Plan, holdout: str = "loo", names: Sequence[str] = PARAMS) -> FitReport:
+def fits_needed(target: Target, holdout: str = "loo") -> int:
+    """How many fits :func:`fit_target` runs for ``target``: one, plus one per run under leave-one-out."""
+    mode, _ = holdout_split(len(target.points), holdout)
+    return 1 + (len(target.points) if mode == "loo" and len(target.points) > 1 else 0)
+
+
+def fit_target(
+    target: Target,
+    plan_: Plan,
+    holdout: str = "loo",
+    names: Sequence[str] = PARAMS,
+    on_fit: Callable[[], None] | None = None,
+) -> FitReport:
+    """Fit ``target``'s knobs and measure the fit, the held-out runs and the unfitted profile; ``on_fit`` is
+    called after each of the :func:`fits_needed` fits (a progress display)."""
+    done = on_fit or (lambda: None)
     pts = target.points
     mode, held = holdout_split(len(pts), holdout)
     # two observations per run: with one run fit only the first two knobs (the overheads of a step)
@@ -514,16 +529,19 @@ def fit_target(target: Target, plan_: Plan, holdout: str = "loo", names: Sequenc
     if mode == "split":
         train = [p for i, p in enumerate(pts) if i not in held]
         knobs = fit_knobs(target, plan_, train, names)
+        done()
         fitted = evaluate(target, plan_, knobs, train)
         held_out = evaluate(target, plan_, knobs, [pts[i] for i in held])
     else:
         knobs = fit_knobs(target, plan_, pts, names)
+        done()
         fitted = evaluate(target, plan_, knobs, pts)
         held_out = []
         if mode == "loo" and len(pts) > 1:
             for i, p in enumerate(pts):
                 rest = [q for j, q in enumerate(pts) if j != i]
                 k = fit_knobs(target, plan_, rest, names, start=knobs, max_iter=8)
+                done()
                 held_out.extend(evaluate(target, plan_, k, [p]))
     return FitReport(target.key, target.base_source, dict(target.start), knobs, fitted, held_out, baseline)
 
