@@ -107,6 +107,16 @@ def test_aiperf_seconds_are_converted_and_genai_perf_concurrency_is_found() -> N
     assert (p.setup.model, p.setup.concurrency, p.observed.ttft_mean_s) == ("m", 4, 0.25)
 
 
+def test_an_aiperf_run_counts_its_start_and_a_genai_perf_one_is_a_steady_state() -> None:
+    """AIPerf averages its whole run (clients start together); GenAI-Perf's perf_analyzer measures windows
+    until they are stable, so its figures are replayed as the clients' steady state."""
+    doc = json.loads((FIXTURES / "profile_export_aiperf.json").read_text())
+    (aiperf,) = parse_measurements(json.dumps(doc), Path("a.json"))
+    doc["input_config"] = {"model": ["m"], "perf_analyzer": {"stimulus": {"concurrency": 8}}}
+    (genai,) = parse_measurements(json.dumps(doc), Path("g.json"))
+    assert (aiperf.setup.start, genai.setup.start, genai.setup.concurrency) == ("burst", "steady", 8)
+
+
 def test_reads_a_csv_with_comments_a_rate_row_and_command_line_defaults() -> None:
     closed, poisson = read_measurements([FIXTURES / "runs.csv"], Defaults(dtype="fp8", gpu="a100"))
     assert (closed.setup.concurrency, closed.setup.rate, closed.setup.start) == (8, None, "steady")
