@@ -34,16 +34,7 @@ import numpy as np
 
 from disagg.perf.latency import load_latency_model
 from disagg.perf.moe import DEFAULT_MTP_ACCEPTANCE, Parallelism, Speculation
-from disagg.twin.sim import (
-    ClosedLoop,
-    FrontEndLoad,
-    PoolSpec,
-    SimDeployment,
-    first_round,
-    run_mean,
-    simulate,
-    steady_state,
-)
+from disagg.twin.sim import FrontEndLoad, PoolSpec, SimDeployment, steady_state, whole_run
 
 TOLERANCE = 0.25
 SEEDS = tuple(range(1, 33))  # client phases a closed-loop point is averaged over
@@ -249,34 +240,21 @@ def closed_loop_latency(
     )
     per_stream = 0.0 if front_end is None else front_end[1]
     load = None if front_end_load is None else front_end_load[1]
-    c = point.concurrency
-    if burst:
-        total = max(3, c * 8)
-        k = total // 3
-        loop = ClosedLoop(c, point.isl, point.osl, total, 0.0, False, jitter_s)
-        ttft, tpot = [], []
-        for seed in seeds if jitter_s > 0 else seeds[:1]:  # a burst without drift is seedless
-            res = simulate(
-                dep, [], closed_loop=loop, seed=seed, stream_overhead_s=per_stream, front_end_load=load
-            )
-            ttft.append(float(np.nanmean(res.ttft[k:])))
-            tpot.append(float(np.nanmean(res.itl_mean[k:])))
-        return float(np.mean(ttft)), float(np.mean(tpot))
-    steady = steady_state(
+    whole = num_requests or point.num_requests
+    if whole and not (burst or jitter_s > 0 or front_end is not None or front_end_load is not None):
+        return whole_run(dep, point.concurrency, point.isl, point.osl, whole, seeds)
+    return steady_state(
         dep,
-        c,
+        point.concurrency,
         point.isl,
         point.osl,
-        seeds,
+        # a burst without drift is seedless: every client sends at t=0
+        seeds if not burst or jitter_s > 0 else seeds[:1],
+        duration_s=0.0 if burst else None,
         jitter_s=jitter_s,
         stream_overhead_s=per_stream,
         front_end_load=load,
     )
-    whole_run = num_requests or point.num_requests
-    if jitter_s > 0 or front_end is not None or front_end_load is not None or not whole_run:
-        return steady
-    first = first_round(dep, min(c, whole_run), point.isl, point.osl)
-    return run_mean(first[0], steady[0], c, whole_run), run_mean(first[1], steady[1], c, whole_run)
 
 
 def mean_abs_error(errors: list[float]) -> float:

@@ -38,7 +38,7 @@ from disagg.perf.latency import (
 from disagg.perf.moe import resolve_moe_model
 from disagg.twin import profiles
 from disagg.twin.measurements import MeasuredPoint
-from disagg.twin.sim import PoolSpec, SimDeployment, first_round, run_mean, simulate, steady_state
+from disagg.twin.sim import PoolSpec, SimDeployment, mean_or_inf, simulate, steady_state, whole_run
 from disagg.twin.traffic import Request
 
 PARAMS = ("overhead_factor", "step_overhead_ms", "request_overhead_ms")
@@ -338,22 +338,18 @@ def predict(point: MeasuredPoint, profile_key: str, seed: int = 1) -> tuple[floa
         # objective stays smooth)
         c = s.concurrency
         seeds = tuple(range(seed, seed + PHASES))
-        steady = steady_state(dep, c, isl, osl, seeds, duration_s=osl * point.observed.tpot_mean_s)
+        duration_s = osl * point.observed.tpot_mean_s
         if s.start != "burst":
-            return steady
+            return steady_state(dep, c, isl, osl, seeds, duration_s)
         # vLLM's --max-concurrency and AIPerf's --concurrency start every client at once and average every
-        # request: the first round sent together, the rest at the steady state (sim.run_mean)
-        n = s.num_requests or max(3, 8 * c)
-        first = first_round(dep, min(c, n), isl, osl)
-        return run_mean(first[0], steady[0], c, n), run_mean(first[1], steady[1], c, n)
+        # request: the first round sent together, the rest at the steady state (sim.whole_run)
+        return whole_run(dep, c, isl, osl, s.num_requests or max(3, 8 * c), seeds, duration_s)
     assert s.rate is not None
     n = min(s.num_requests or 200, 2000)
     gaps = np.random.default_rng(seed).exponential(1 / s.rate, n)
     reqs = [Request(float(t), isl, osl) for t in np.cumsum(gaps) - gaps[0]]
     res = simulate(dep, reqs, seed=seed)
-    ttft = float(np.nanmean(res.ttft)) if np.any(~np.isnan(res.ttft)) else math.inf
-    tpot = float(np.nanmean(res.itl_mean)) if np.any(~np.isnan(res.itl_mean)) else math.inf
-    return ttft, tpot
+    return mean_or_inf(res.ttft), mean_or_inf(res.itl_mean)
 
 
 def with_overlay(overlay: Mapping[str, Any] | None, fn: Callable[[], Any]) -> Any:

@@ -803,10 +803,10 @@ def first_round(
     token budget, so the last of C prompts waits for about C x prompt / budget prefill passes."""
     loop = ClosedLoop(concurrency, prompt_tokens, output_tokens, concurrency)
     res = simulate(deployment, [], closed_loop=loop)
-    return _mean_or_inf(res.ttft), _mean_or_inf(res.itl_mean)
+    return mean_or_inf(res.ttft), mean_or_inf(res.itl_mean)
 
 
-def _mean_or_inf(values: np.ndarray) -> float:
+def mean_or_inf(values: np.ndarray) -> float:
     """The mean of the finished requests' values; inf where none finished (a replica that cannot serve)."""
     done = values[~np.isnan(values)]
     return float(done.mean()) if done.size else math.inf
@@ -822,15 +822,18 @@ def steady_state(
     jitter_s: float = 0.0,
     stream_overhead_s: float = 0.0,
     front_end_load: FrontEndLoad | None = None,
+    first_tpot_s: float | None = None,
 ) -> tuple[float, float]:
     """Mean TTFT and mean time per output token (s) of ``concurrency`` desynchronised clients: first
     requests at seeded random times within one request's duration, ``8 x concurrency`` requests, the first
     third discarded, averaged over ``seeds`` (one run's mean depends on which prompts collide).
 
-    ``duration_s``: the request's duration the phases spread over; by default the twin's own prediction
-    (one run spread over the first round's duration gives the steady time per output token, whose
-    duration spreads the runs that count), so a prediction needs no measured TPOT. ``jitter_s``: each later
-    request sent up to this long after its client's previous one finished (ClosedLoop.jitter_s)."""
+    ``duration_s``: the request's duration the phases spread over (0: every client sends at t=0, the
+    lockstep what-if); by default the twin's own prediction (one run spread over the first round's duration
+    gives the steady time per output token, whose duration spreads the runs that count), so a prediction
+    needs no measured TPOT; ``first_tpot_s`` is the first round's time per output token where the caller
+    has it. ``jitter_s``: each later request sent up to this long after its client's previous one finished
+    (ClosedLoop.jitter_s)."""
     total = max(3, 8 * concurrency)
     skip = total // 3
 
@@ -846,14 +849,37 @@ def steady_state(
         )
 
     if duration_s is None:
-        first_tpot = first_round(deployment, concurrency, prompt_tokens, output_tokens)[1]
+        first_tpot = first_tpot_s
+        if first_tpot is None:
+            first_tpot = first_round(deployment, concurrency, prompt_tokens, output_tokens)[1]
         pilot = run(output_tokens * first_tpot, seeds[0]) if math.isfinite(first_tpot) else None
-        tpot = _mean_or_inf(pilot.itl_mean[skip:]) if pilot is not None else math.inf
+        tpot = mean_or_inf(pilot.itl_mean[skip:]) if pilot is not None else math.inf
         duration_s = output_tokens * tpot if math.isfinite(tpot) else 0.0
     runs = [run(duration_s, seed) for seed in seeds]
-    ttft = [_mean_or_inf(r.ttft[skip:]) for r in runs]
-    tpot_s = [_mean_or_inf(r.itl_mean[skip:]) for r in runs]
+    ttft = [mean_or_inf(r.ttft[skip:]) for r in runs]
+    tpot_s = [mean_or_inf(r.itl_mean[skip:]) for r in runs]
     return float(np.mean(ttft)), float(np.mean(tpot_s))
+
+
+def whole_run(
+    deployment: SimDeployment,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    requests: int,
+    seeds: Sequence[int] = (1,),
+    duration_s: float | None = None,
+) -> tuple[float, float]:
+    """Mean TTFT and mean time per output token (s) a benchmark reports over all ``requests`` of a run whose
+    ``concurrency`` clients start together: its first round (:func:`first_round`) and the clients' steady
+    state (:func:`steady_state`, ``seeds`` and ``duration_s`` as there) weighed by :func:`run_mean`."""
+    first = first_round(deployment, min(concurrency, requests), prompt_tokens, output_tokens)
+    hint = first[1] if requests >= concurrency else None  # the whole round's TPOT, reused for the phases
+    steady = steady_state(
+        deployment, concurrency, prompt_tokens, output_tokens, seeds, duration_s, first_tpot_s=hint
+    )
+    ttft = run_mean(first[0], steady[0], concurrency, requests)
+    return ttft, run_mean(first[1], steady[1], concurrency, requests)
 
 
 def run_mean(first: float, steady: float, concurrency: int, requests: int) -> float:
